@@ -1,0 +1,1 @@
+"""Python SDK for the Humanline service."""

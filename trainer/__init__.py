@@ -1,0 +1,1 @@
+"""Humanline trainer: losses, recipes and checkpoints for DPO/KTO/GRPO and their humanline variants."""

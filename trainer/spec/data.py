@@ -1,0 +1,269 @@
+"""Dataset formats of DESIGN.md §3: detection, line-numbered validation, normalisation.
+
+Pure Python, no torch: the API validates uploads with it while streaming, the trainer
+loads training files with it. A file is one format; the first valid line decides which.
+Records are normalised so the rest of the code sees one shape per format:
+
+- preference: {"prompt", "chosen", "rejected"}; each a string, or (conversational) a list of
+  {"role", "content"} messages with the prompt ending before the assistant's turn;
+- unpaired: {"prompt", "completion", "label": bool};
+- prompt: {"prompt", "answer"?, ...extra columns kept for reward functions};
+- eval_instruction: {"instruction", "output", "generator"?};
+- eval_math: {"problem", "answer", "level"?, "subject"?}.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Literal
+
+Format = Literal["preference", "unpaired", "prompt", "eval_instruction", "eval_math"]
+TRAIN_FORMATS: tuple[Format, ...] = ("preference", "unpaired", "prompt")
+EVAL_FORMATS: tuple[Format, ...] = ("eval_instruction", "eval_math")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_LINE_BYTES = 1 << 20  # 1 MiB per JSONL line
+MAX_ERRORS = 20
+
+
+class RecordError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.field}: {self.message}"
+
+
+@dataclass
+class ValidationReport:
+    format: Format | None = None
+    records: int = 0
+    errors: list[LineError] = field(default_factory=list)
+    error_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0 and self.records > 0
+
+    def add(self, err: LineError) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(err)
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise RecordError(name, f"must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise RecordError(name, "must not be empty")
+    return value
+
+
+def _messages(value: Any, name: str) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RecordError(name, "must be a non-empty list of messages")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(msg, dict):
+            raise RecordError(where, "must be an object with 'role' and 'content'")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise RecordError(f"{where}.role", f"must be one of {', '.join(ROLES)}")
+        out.append({"role": role, "content": _text(msg.get("content"), f"{where}.content")})
+    return out
+
+
+def _text_or_messages(value: Any, name: str) -> str | list[dict[str, str]]:
+    return _messages(value, name) if isinstance(value, list) else _text(value, name)
+
+
+def _completion_pair(obj: dict, keys: tuple[str, str]) -> tuple[Any, Any]:
+    a = _text_or_messages(obj.get(keys[0]), keys[0])
+    b = _text_or_messages(obj.get(keys[1]), keys[1])
+    if type(a) is not type(b):
+        raise RecordError(keys[1], f"must have the same type as '{keys[0]}'")
+    return a, b
+
+
+def _preference(obj: dict) -> dict:
+    if "input" in obj:  # OpenAI DPO layout
+        inp = obj["input"]
+        if not isinstance(inp, dict):
+            raise RecordError("input", "must be an object with 'messages'")
+        prompt = _messages(inp.get("messages"), "input.messages")
+        chosen, rejected = _completion_pair(obj, ("preferred_output", "non_preferred_output"))
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    prompt = _text_or_messages(obj.get("prompt"), "prompt")
+    chosen, rejected = _completion_pair(obj, ("chosen", "rejected"))
+    if isinstance(prompt, str) and isinstance(chosen, list):
+        raise RecordError("prompt", "must be a message list when 'chosen' is one")
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def _unpaired(obj: dict) -> dict:
+    label = obj.get("label")
+    if not isinstance(label, bool):
+        raise RecordError("label", "must be true or false")
+    prompt = _text_or_messages(obj.get("prompt"), "prompt")
+    completion = _text_or_messages(obj.get("completion"), "completion")
+    return {"prompt": prompt, "completion": completion, "label": label}
+
+
+def _prompt(obj: dict) -> dict:
+    out = dict(obj)
+    out["prompt"] = _text_or_messages(obj.get("prompt"), "prompt")
+    if "answer" in obj and not isinstance(obj["answer"], (str, int, float)):
+        raise RecordError("answer", "must be a string or a number")
+    if "answer" in obj:
+        out["answer"] = str(obj["answer"])
+    return out
+
+
+def _eval_instruction(obj: dict) -> dict:
+    out = {"instruction": _text(obj.get("instruction"), "instruction")}
+    out["output"] = _text(obj.get("output"), "output")
+    if obj.get("generator") is not None:
+        out["generator"] = _text(obj["generator"], "generator")
+    return out
+
+
+def _eval_math(obj: dict) -> dict:
+    out = {"problem": _text(obj.get("problem"), "problem")}
+    answer = obj.get("answer")
+    out["answer"] = _text(str(answer) if isinstance(answer, (int, float)) else answer, "answer")
+    for key in ("level", "subject"):
+        if obj.get(key) is not None:
+            out[key] = str(obj[key])
+    return out
+
+
+_PARSERS = {
+    "preference": _preference,
+    "unpaired": _unpaired,
+    "prompt": _prompt,
+    "eval_instruction": _eval_instruction,
+    "eval_math": _eval_math,
+}
+
+
+def detect_format(obj: dict) -> Format:
+    """Decide the format from the columns present."""
+    keys = set(obj)
+    if {"chosen", "rejected"} <= keys or {"preferred_output", "non_preferred_output"} <= keys:
+        return "preference"
+    if {"completion", "label"} <= keys:
+        return "unpaired"
+    if {"instruction", "output"} <= keys:
+        return "eval_instruction"
+    if {"problem", "answer"} <= keys:
+        return "eval_math"
+    if "prompt" in keys:
+        return "prompt"
+    raise RecordError(
+        "(columns)",
+        "unknown format: expected prompt/chosen/rejected, input/preferred_output/"
+        "non_preferred_output, prompt/completion/label, prompt[/answer], "
+        "instruction/output or problem/answer; got " + ", ".join(sorted(keys)[:8]),
+    )
+
+
+def parse_line(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict]:
+    """Parse one JSONL line; raises RecordError naming the field."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_LINE_BYTES:
+            raise RecordError("(line)", f"longer than {MAX_LINE_BYTES} bytes")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError("(line)", f"not valid UTF-8 at byte {exc.start}") from None
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RecordError("(json)", f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise RecordError("(json)", "each line must be a JSON object")
+    line_fmt = detect_format(obj)
+    if fmt is not None and line_fmt != fmt:
+        raise RecordError("(columns)", f"mixed formats: this line is {line_fmt}, file is {fmt}")
+    return line_fmt, _PARSERS[line_fmt](obj)
+
+
+class JsonlValidator:
+    """Incremental validator: feed lines as they stream in, read the report at the end."""
+
+    def __init__(self, allowed: Iterable[Format] = TRAIN_FORMATS + EVAL_FORMATS):
+        self.allowed = tuple(allowed)
+        self.report = ValidationReport()
+        self._line = 0
+
+    def feed(self, raw: bytes) -> dict | None:
+        self._line += 1
+        if not raw.strip():
+            return None  # blank lines are allowed (trailing newline, separators)
+        try:
+            fmt, record = parse_line(raw, self.report.format)
+            if fmt not in self.allowed:
+                raise RecordError("(columns)", f"format {fmt} is not allowed here")
+        except RecordError as err:
+            self.report.add(LineError(self._line, err.field, err.message))
+            return None
+        self.report.format = fmt
+        self.report.records += 1
+        return record
+
+    def finish(self) -> ValidationReport:
+        if self.report.records == 0 and self.report.error_count == 0:
+            self.report.add(LineError(max(self._line, 1), "(file)", "no records"))
+        return self.report
+
+
+def read_jsonl(path: str, allowed: Iterable[Format] = TRAIN_FORMATS) -> tuple[Format, list[dict]]:
+    """Load a whole (already trusted or small) file; raise ValueError listing bad lines."""
+    validator = JsonlValidator(allowed)
+    records: list[dict] = []
+    with open(path, "rb") as fh:
+        for raw in fh:
+            record = validator.feed(raw.rstrip(b"\r\n"))
+            if record is not None:
+                records.append(record)
+    report = validator.finish()
+    if not report.ok:
+        shown = "; ".join(str(e) for e in report.errors[:5])
+        raise ValueError(f"{path}: {report.error_count} invalid line(s): {shown}")
+    assert report.format is not None
+    return report.format, records
+
+
+def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split a byte stream into lines holding at most one (bounded) line in memory.
+
+    A line longer than MAX_LINE_BYTES is yielded once, cut short (parse_line then reports
+    it as too long), and the rest of it is skipped so line numbers stay right.
+    """
+    buf = b""
+    skipping = False
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if skipping:
+                skipping = False
+                continue
+            yield line
+        if len(buf) > MAX_LINE_BYTES and not skipping:
+            yield buf
+            skipping = True
+        if skipping:
+            buf = b""
+    if buf and not skipping:
+        yield buf
