@@ -6,6 +6,8 @@ objective-specific default lives on its objective class, so the choice is made i
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -161,8 +163,6 @@ class JobSpec(_Strict):
             raise ValueError("data_source 'online' is not available yet; use 'offline'")
         if self.humanline and getattr(self.objective, "reference_free", False):
             raise ValueError("humanline needs a reference model; reference_free DPO has none")
-        if self.humanline and self.reference_sync == "none":
-            raise ValueError("humanline jobs sync their reference; drop reference_sync='none'")
         if self.batch_size is not None and self.batch_size % self.grad_accum:
             raise ValueError("batch_size must be divisible by grad_accum")
         return self
@@ -192,3 +192,12 @@ class JobSpec(_Strict):
         if eps is not None:
             return eps
         return 0.5 if self.data_source == "offline" else 0.15
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read a spec from YAML or JSON; raises pydantic.ValidationError with field paths."""
+    import yaml
+
+    text = Path(path).read_text()
+    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    return JobSpec.model_validate(data)

@@ -1,0 +1,47 @@
+"""`python -m trainer run SPEC.yaml --out DIR [--resume]`: run one job spec standalone."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, help="Run Humanline training jobs without the service.")
+
+
+@app.command()
+def run(
+    spec_path: Path = typer.Argument(..., exists=True, dir_okay=False, help="Job spec (YAML or JSON)."),
+    out: Path = typer.Option(..., "--out", help="Run directory: metrics, events, checkpoints."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in --out."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Train SPEC into OUT; with --resume continue from OUT's newest complete checkpoint."""
+    from pydantic import ValidationError
+
+    from trainer.spec.job import load_spec
+    from trainer.train import train
+
+    try:
+        spec = load_spec(spec_path)
+    except ValidationError as exc:
+        typer.echo(f"invalid spec {spec_path}:\n{exc}", err=True)
+        raise typer.Exit(2)
+    result = train(spec, out, resume=resume, progress=progress)
+    typer.echo(json.dumps(result.as_dict()))
+    raise typer.Exit(0 if result.status == "succeeded" else 3)
+
+
+@app.command()
+def validate(spec_path: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
+    """Check a spec without training."""
+    from trainer.spec.job import load_spec
+
+    spec = load_spec(spec_path)
+    typer.echo(spec.model_dump_json(indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(app())

@@ -1,0 +1,106 @@
+"""Checkpoints that resume bit-for-bit: trainable weights, optimizer, scheduler, RNG streams,
+the reference's pending log-probs, the step (the data position follows from it) and the spec.
+
+Layout: `OUT/checkpoints/step-N/` holding `weights.safetensors` (adapter or full), `optimizer.pt`,
+`scheduler.pt`, `rank-R.pt` (RNG + reference cache, one per process), `state.json` and
+`spec.json`. A checkpoint is written under `step-N.tmp/` and renamed when every file is on
+disk, so a directory named `step-N` is always complete (a crash leaves only a `.tmp`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from trainer.modeling import load_trainable_state_dict, trainable_state_dict
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    path: Path
+
+
+def checkpoint_dir(out_dir: Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def latest(out_dir: Path) -> Checkpoint | None:
+    """The newest complete checkpoint, if any."""
+    found = []
+    root = checkpoint_dir(out_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            name = p.name
+            if name.startswith("step-") and name[5:].isdigit() and (p / "state.json").exists():
+                found.append(Checkpoint(int(name[5:]), p))
+    return max(found, key=lambda c: c.step, default=None)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, reference, spec_json: str, extra: dict) -> Checkpoint:
+    """Collective: every process calls it. Returns the final directory."""
+    final = checkpoint_dir(out_dir) / f"step-{step}"
+    tmp = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    rank = accelerator.process_index
+    torch.save({"rng": _rng_state(), "reference": reference.state_dict()}, tmp / f"rank-{rank}.pt")
+    if accelerator.is_main_process:
+        weights = {k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(accelerator.unwrap_model(model)).items()}
+        save_file(weights, tmp / "weights.safetensors")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        (tmp / "spec.json").write_text(spec_json)
+        state = {"step": step, "world_size": accelerator.num_processes, **extra}
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return Checkpoint(step, final)
+
+
+def load(ckpt: Checkpoint, *, accelerator, model, optimizer, scheduler, reference) -> dict:
+    """Restore everything `save` wrote; returns state.json."""
+    state = json.loads((ckpt.path / "state.json").read_text())
+    if state["world_size"] != accelerator.num_processes:
+        raise ValueError(
+            f"checkpoint {ckpt.path} was written by {state['world_size']} processes; "
+            f"resume with the same number (got {accelerator.num_processes})"
+        )
+    load_trainable_state_dict(accelerator.unwrap_model(model), load_file(ckpt.path / "weights.safetensors"))
+    optimizer.load_state_dict(torch.load(ckpt.path / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(ckpt.path / "scheduler.pt", weights_only=False))
+    mine = torch.load(ckpt.path / f"rank-{accelerator.process_index}.pt", weights_only=False)
+    reference.load_state_dict(mine["reference"])
+    _set_rng_state(mine["rng"])
+    return state

@@ -1,0 +1,124 @@
+"""Where reference log-probs come from. The choice is made once, in `make_reference`.
+
+- `none` with LoRA: the base model with the adapter switched off (torchtune's way): no copy.
+- `none` with full fine-tuning: a frozen copy of the initial weights (what every DPO
+  implementation keeps; the cost offline training always pays).
+- `humanline` / `trust_region` (any adapter): no reference model at all. At a sync point the
+  reference becomes the current weights, and the reference is only ever *used* on the next k
+  batches, whose order is known (trainer.plan). So at the sync point we score those k batches
+  with the current weights and keep just their per-token log-probs. Humanline calls `refresh`
+  before `optimizer.step()` (reference = θ_s for steps s+1..s+k), trust-region after it. The
+  cost is the one no-grad forward per batch that any reference costs, moved earlier; the
+  memory is k batches of log-probs instead of a second model; a "sync" copies nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from typing import Callable, Iterator, Protocol
+
+import torch
+
+from trainer.logps import token_logps
+from trainer.tokenize import TokenBatch
+
+BatchFn = Callable[[int, int], TokenBatch]  # (step, micro) -> this rank's micro-batch
+
+
+class Reference(Protocol):
+    def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor: ...
+    def refresh(self, step: int) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@contextmanager
+def _scoring(model: torch.nn.Module) -> Iterator[None]:
+    """No grad, no dropout; restores the training mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+class FrozenCopy:
+    def __init__(self, model: torch.nn.Module):
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
+        with torch.no_grad():
+            return token_logps(self.model, batch)
+
+    def refresh(self, step: int) -> None:
+        raise RuntimeError("a frozen reference is never synced")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class AdapterOff:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model  # the (unwrapped) PeftModel
+
+    def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
+        with _scoring(self.model), self.model.disable_adapter():
+            return token_logps(self.model, batch)
+
+    def refresh(self, step: int) -> None:
+        raise RuntimeError("an adapter-off reference is never synced")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class Lookahead:
+    def __init__(self, model: torch.nn.Module, batch_fn: BatchFn, every: int, total: int, accum: int):
+        self.model, self.batch_fn = model, batch_fn
+        self.every, self.total, self.accum = every, total, accum
+        self.cache: dict[tuple[int, int], torch.Tensor] = {}
+
+    def refresh(self, step: int) -> None:
+        """Make the current weights the reference of steps step+1 .. step+k."""
+        self.cache.clear()  # any leftover belongs to the previous reference
+        last = min(step + self.every, self.total)
+        with _scoring(self.model):
+            for s in range(step + 1, last + 1):
+                for m in range(self.accum):
+                    self.cache[(s, m)] = token_logps(self.model, self.batch_fn(s, m))
+
+    def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
+        try:
+            return self.cache.pop((step, micro))
+        except KeyError:
+            raise RuntimeError(f"no reference log-probs for step {step} micro {micro}") from None
+
+    def state_dict(self) -> dict:
+        return {"cache": {f"{s}:{m}": t.cpu() for (s, m), t in self.cache.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = next(self.model.parameters()).device
+        self.cache = {
+            tuple(int(x) for x in key.split(":")): t.to(device)  # type: ignore[misc]
+            for key, t in state.get("cache", {}).items()
+        }
+
+
+def make_reference(
+    sync: str, model: torch.nn.Module, unwrapped: torch.nn.Module, lora: bool, **lookahead
+) -> Reference:
+    """The one place the reference strategy is chosen (see the module docstring)."""
+    if sync in ("humanline", "trust_region"):
+        return Lookahead(model, **lookahead)
+    if lora:
+        return AdapterOff(unwrapped)
+    return FrozenCopy(unwrapped)

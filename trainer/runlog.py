@@ -1,0 +1,51 @@
+"""The run's outputs as files, the trainer's only interface to whoever runs it.
+
+`metrics.jsonl` gets one line per logged step, `events.jsonl` one per event; both are appended
+and flushed line by line so a watcher (the worker) can tail them while training runs and a
+crash loses at most the line being written. A `STOP` file dropped into the run directory asks
+the trainer to checkpoint and stop at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+STOP_FILE = "STOP"
+
+
+class RunLog:
+    def __init__(self, out_dir: Path, enabled: bool = True):
+        self.out_dir = Path(out_dir)
+        self.enabled = enabled
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.out_dir / name, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, default=float) + "\n")
+
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        self._append("events.jsonl", {"time": time.time(), "kind": kind, "message": message, "data": data})
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        self._append("metrics.jsonl", {"step": step, "time": time.time(), **values})
+
+    def write_json(self, name: str, obj: Any) -> None:
+        if self.enabled:
+            tmp = self.out_dir / (name + ".tmp")
+            tmp.write_text(json.dumps(obj, indent=2, default=float))
+            tmp.replace(self.out_dir / name)
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """On resume, forget steps logged after the checkpoint we restart from."""
+        path = self.out_dir / "metrics.jsonl"
+        if not self.enabled or not path.exists():
+            return
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= last_step]
+        path.write_text("".join(ln + "\n" for ln in keep))
+
+    def stop_requested(self) -> bool:
+        return (self.out_dir / STOP_FILE).exists()

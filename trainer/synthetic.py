@@ -1,0 +1,63 @@
+"""Small, deterministic preference data the repo generates itself (demo and tests).
+
+Arithmetic and short instruction prompts; the chosen answer is correct and helpful, the
+rejected one wrong or curt. Nothing is downloaded. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+_TOPICS = ["the ocean", "a library", "autumn", "bicycles", "the moon", "coffee", "rivers", "robots"]
+_FORMS = ["Write one sentence about {t}.", "Describe {t} briefly.", "Give a fun fact about {t}."]
+
+
+def _arith(rng: random.Random) -> dict:
+    a, b = rng.randint(2, 49), rng.randint(2, 49)
+    op = rng.choice(["+", "-", "*"])
+    value = {"+": a + b, "-": a - b, "*": a * b}[op]
+    wrong = value + rng.choice([-3, -2, -1, 1, 2, 3])
+    return {
+        "prompt": f"What is {a} {op} {b}?",
+        "chosen": f"{a} {op} {b} = {value}. The answer is {value}.",
+        "rejected": f"The answer is {wrong}.",
+        "answer": str(value),
+    }
+
+
+def _instruction(rng: random.Random) -> dict:
+    topic = rng.choice(_TOPICS)
+    return {
+        "prompt": rng.choice(_FORMS).format(t=topic),
+        "chosen": f"Here is a thought about {topic}: it is full of small surprises worth noticing.",
+        "rejected": "No.",
+    }
+
+
+def preference_records(n: int, seed: int = 0) -> list[dict]:
+    """n {prompt, chosen, rejected} records, half arithmetic, half instructions."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        rec = _arith(rng) if i % 2 == 0 else _instruction(rng)
+        rec.pop("answer", None)
+        out.append(rec)
+    return out
+
+
+def unpaired_records(n: int, seed: int = 0) -> list[dict]:
+    """n {prompt, completion, label} records, alternating desirable and undesirable."""
+    out = []
+    for i, rec in enumerate(preference_records((n + 1) // 2, seed)):
+        out.append({"prompt": rec["prompt"], "completion": rec["chosen"], "label": True})
+        out.append({"prompt": rec["prompt"], "completion": rec["rejected"], "label": False})
+    return out[:n]
+
+
+def write_jsonl(path: str | Path, records: list[dict]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path

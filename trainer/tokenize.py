@@ -1,0 +1,130 @@
+"""Turn normalised records (trainer.spec.data) into token ids, and token ids into tensors.
+
+Every prompt goes through the tokenizer's chat template (a plain-string prompt becomes one
+user turn), so training sees exactly what the served model sees. The completion's tokens are
+what the template appends after the generation prompt. Prompt tokens are masked out of the
+loss. Truncation is counted and reported, never silent: prompts lose their oldest tokens,
+completions their tail; an example whose completion would be empty is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+Messages = list[dict[str, str]]
+
+
+@dataclass
+class TruncationReport:
+    examples: int = 0
+    prompts_truncated: int = 0
+    completions_truncated: int = 0
+    dropped: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.prompts_truncated or self.completions_truncated or self.dropped)
+
+
+@dataclass(frozen=True)
+class TokenSeq:
+    """One prompt+completion to score: ids and where the completion starts."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+
+
+def _as_messages(value: str | Messages, role: str) -> Messages:
+    return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
+
+
+class ChatTokenizer:
+    """Applies the chat template and the length limits of one job."""
+
+    def __init__(self, tokenizer, max_prompt_length: int, max_length: int):
+        self.tok = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.max_length = max_length
+        self.report = TruncationReport()
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def prompt(self, prompt: str | Messages) -> tuple[str, list[int]]:
+        messages = _as_messages(prompt, "user")
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = self._ids(text)
+        if len(ids) > self.max_prompt_length:
+            self.report.prompts_truncated += 1
+            ids = ids[-self.max_prompt_length :]
+        return text, ids
+
+    def completion(self, prompt: str | Messages, prompt_text: str, completion) -> list[int]:
+        full = _as_messages(prompt, "user") + _as_messages(completion, "assistant")
+        text = self.tok.apply_chat_template(full, tokenize=False)
+        if not text.startswith(prompt_text):  # template re-renders history differently
+            text = prompt_text + "".join(m["content"] for m in _as_messages(completion, "a"))
+            text += self.tok.eos_token or ""
+        return self._ids(text[len(prompt_text) :])
+
+    def fit(self, prompt_ids: list[int], completion_ids: list[int]) -> TokenSeq | None:
+        room = self.max_length - len(prompt_ids)
+        if len(completion_ids) > room:
+            self.report.completions_truncated += 1
+            completion_ids = completion_ids[: max(room, 0)]
+        if not completion_ids:
+            self.report.dropped += 1
+            return None
+        return TokenSeq(tuple(prompt_ids), tuple(completion_ids))
+
+    def sequences(self, prompt, completions: Sequence) -> list[TokenSeq] | None:
+        """Tokenise one prompt with several completions; None if any must be dropped."""
+        self.report.examples += 1
+        text, prompt_ids = self.prompt(prompt)
+        out = [self.fit(prompt_ids, self.completion(prompt, text, c)) for c in completions]
+        return None if any(s is None for s in out) else out  # type: ignore[return-value]
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded sequences; `positions` are the logit rows that predict completion tokens."""
+
+    input_ids: torch.Tensor  # [N, L]
+    attention_mask: torch.Tensor  # [N, L]
+    positions: torch.Tensor  # [T] indices into L (shared by all rows)
+    labels: torch.Tensor  # [N, T] the token each kept position predicts
+    mask: torch.Tensor  # [N, T] 1.0 on completion tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+
+def collate(seqs: Sequence[TokenSeq], pad_id: int) -> TokenBatch:
+    """Pad to the longest sequence; keep logits only from the earliest completion onwards.
+
+    Computing the output layer only where some row has a completion token saves most of the
+    prompt's (vocab-sized) logits, the largest activation of a small model.
+    """
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
+    width = max(lengths)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    is_completion = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        row = list(s.prompt_ids) + list(s.completion_ids)
+        ids[i, : len(row)] = torch.tensor(row)
+        attn[i, : len(row)] = 1
+        is_completion[i, len(s.prompt_ids) : len(row)] = True
+    start = max(1, min(len(s.prompt_ids) for s in seqs))  # templates always emit a prompt
+    positions = torch.arange(start - 1, width - 1)
+    labels = ids[:, start:]
+    mask = is_completion[:, start:].float()
+    return TokenBatch(ids, attn, positions, labels, mask)
