@@ -1,0 +1,91 @@
+"""The one settings class of the service (API, worker and CLIs read it).
+
+Every field is an environment variable of the same name (no prefix). The defaults are the
+embedded single-machine setup of DESIGN.md §5: SQLite, an in-process worker and a local
+object store under ./.humanline, so `humanline-server serve` needs no external service.
+Production sets DATABASE_URL (PostgreSQL), BROKER_URL (Redis/RabbitMQ) and STORAGE_URL (s3://).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", case_sensitive=True)
+
+    # --- services ------------------------------------------------------------------------
+    DATABASE_URL: str = Field(
+        "sqlite:///./.humanline/humanline.db",
+        description="SQLAlchemy URL; postgresql:// URLs use psycopg 3.",
+    )
+    BROKER_URL: str = Field(
+        "memory://",
+        description="Celery broker URL; memory:// runs jobs in an embedded in-process worker.",
+    )
+    CELERY_QUEUE: str | None = Field(
+        None, description="Queue the API sends run_job to; None = Celery's default routing."
+    )
+    STORAGE_URL: str = Field(
+        "file://./.humanline/objects", description="file://DIR or s3://BUCKET[/prefix]."
+    )
+    S3_ENDPOINT_URL: str | None = None
+    AWS_ACCESS_KEY_ID: str | None = None
+    AWS_SECRET_ACCESS_KEY: str | None = Field(None, repr=False)
+    AWS_REGION: str | None = None
+
+    # --- limits (DESIGN.md §6) ---------------------------------------------------------------
+    MAX_UPLOAD_BYTES: int = Field(GiB, ge=1, description="Largest accepted upload.")
+    MAX_LINE_BYTES: int = Field(
+        MiB, ge=1, description="Longest JSONL line; the data module caps it at 1 MiB anyway."
+    )
+    MAX_JOBS_PER_TEAM: int = Field(
+        10, ge=1, description="Active (validating/queued/running/cancelling) jobs per team."
+    )
+    MAX_METADATA_KEYS: int = Field(16, ge=0)
+    PAGE_LIMIT_MAX: int = Field(100, ge=1)
+
+    # --- worker leases ----------------------------------------------------------------------
+    LEASE_SECONDS: float = Field(
+        120.0, gt=0, description="A claimed job is the worker's until now + LEASE_SECONDS."
+    )
+    HEARTBEAT_SECONDS: float = Field(
+        30.0, gt=0, description="How often a worker renews its lease (well below the lease)."
+    )
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    HOST: str = "127.0.0.1"
+    PORT: int = 8000
+    SSE_POLL_SECONDS: float = Field(1.0, gt=0, description="DB poll period of event streams.")
+    SSE_KEEPALIVE_SECONDS: float = Field(15.0, gt=0)
+    PRESIGN_SECONDS: int = Field(3600, ge=1, description="Lifetime of checkpoint download URLs.")
+    LOG_LEVEL: str = "INFO"
+    LOG_JSON: bool = True
+
+    @property
+    def embedded_worker(self) -> bool:
+        """True when jobs run in the API process (no broker)."""
+        return self.BROKER_URL.startswith("memory://")
+
+    def storage_options(self) -> dict[str, Any]:
+        """Keyword arguments for storage.open_store (S3 only; ignored by the local store)."""
+        opts = {
+            "endpoint_url": self.S3_ENDPOINT_URL,
+            "aws_access_key_id": self.AWS_ACCESS_KEY_ID,
+            "aws_secret_access_key": self.AWS_SECRET_ACCESS_KEY,
+            "region_name": self.AWS_REGION,
+        }
+        return {k: v for k, v in opts.items() if v is not None}
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment once."""
+    return Settings()
