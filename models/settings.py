@@ -50,6 +50,14 @@ class Settings(BaseSettings):
         10, ge=1, description="Active (validating/queued/running/cancelling) jobs per team."
     )
     MAX_METADATA_KEYS: int = Field(16, ge=0)
+    ALLOWED_BASE_MODELS: str = Field(
+        "smollm2-135m-instruct,tiny-llama",
+        description="Comma-separated base_model values jobs submitted over HTTP may name "
+        "(operators add mounted model directories here; users can never name a path).",
+    )
+    MAX_JOB_ATTEMPTS: int = Field(
+        5, ge=1, description="A job whose worker is lost this many times fails (reaper)."
+    )
     PAGE_LIMIT_MAX: int = Field(100, ge=1)
 
     # --- worker leases ----------------------------------------------------------------------
@@ -73,6 +81,10 @@ class Settings(BaseSettings):
     def embedded_worker(self) -> bool:
         """True when jobs run in the API process (no broker)."""
         return self.BROKER_URL.startswith("memory://")
+
+    @property
+    def allowed_base_models(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.ALLOWED_BASE_MODELS.split(",") if m.strip())
 
     def storage_options(self) -> dict[str, Any]:
         """Keyword arguments for storage.open_store (S3 only; ignored by the local store)."""
