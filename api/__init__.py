@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI). Imports models, storage and trainer.spec; never torch."""

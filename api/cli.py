@@ -1,0 +1,124 @@
+"""`humanline-server`: the service's admin and serve commands (the SDK's CLI is `humanline`).
+
+    humanline-server migrate                 # alembic upgrade head on DATABASE_URL
+    humanline-server create-team acme        # prints the team id
+    humanline-server create-key acme         # prints a new API key, once
+    humanline-server serve                   # API (+ embedded worker when BROKER_URL=memory://)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from models.settings import Settings, get_settings
+
+app = typer.Typer(help="Humanline service: database, teams, API keys and the HTTP server.",
+                  no_args_is_help=True, add_completion=False)
+
+MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+
+
+def migrate_database(url: str) -> None:
+    """`alembic upgrade head` on `url` (the same as running alembic in the repo root)."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(config, "head")
+
+
+def start_embedded_worker(settings: Settings) -> Any:
+    """The hook for BROKER_URL=memory://: run jobs inside this process.
+
+    Calls `worker.embedded.start(settings)`, which must start the worker in the background
+    (it receives job ids from api.deps.EmbeddedQueue via `worker.embedded.enqueue(job_id)`)
+    and return a handle with `stop()`. Returns None with a real broker: Celery workers run
+    elsewhere (`celery -A worker.tasks worker`)."""
+    if not settings.embedded_worker:
+        return None
+    try:
+        from worker import embedded
+    except ImportError as exc:
+        raise SystemExit(
+            f"BROKER_URL=memory:// runs jobs in this process but worker.embedded cannot be "
+            f"imported ({exc}); install the worker extra, or set BROKER_URL to a broker"
+        ) from exc
+    return embedded.start(settings)
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade every table (alembic upgrade head) on DATABASE_URL."""
+    settings = get_settings()
+    migrate_database(settings.DATABASE_URL)
+    typer.echo("database is at the latest migration")
+
+
+@app.command("create-team")
+def create_team(name: Annotated[str, typer.Argument(help="A unique team name.")]) -> None:
+    """Create a team and print its id."""
+    from sqlalchemy.exc import IntegrityError
+
+    from models.db import make_session_factory, session_scope
+    from models.teams import create_team as _create
+
+    factory = make_session_factory(get_settings().DATABASE_URL)
+    try:
+        with session_scope(factory) as session:
+            team = _create(session, name)
+            team_id = team.id
+    except IntegrityError:
+        raise SystemExit(f"a team named {name!r} already exists") from None
+    typer.echo(team_id)
+
+
+@app.command("create-key")
+def create_key(
+    team: Annotated[str, typer.Argument(help="Team id or name.")],
+    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+) -> None:
+    """Create an API key for a team and print it. It is shown once: only its hash is kept."""
+    from models.db import make_session_factory, session_scope
+    from models.teams import create_api_key, get_team
+
+    factory = make_session_factory(get_settings().DATABASE_URL)
+    with session_scope(factory) as session:
+        row = get_team(session, team)
+        if row is None:
+            raise SystemExit(f"no team {team!r}; create it with `humanline-server create-team`")
+        _, secret = create_api_key(session, row.id, name)
+    typer.echo(secret)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Default: HOST.")] = None,
+    port: Annotated[int | None, typer.Option(help="Default: PORT.")] = None,
+    migrate_first: Annotated[bool, typer.Option("--migrate/--no-migrate",
+                                                help="Upgrade the schema before serving.")] = True,
+) -> None:
+    """Serve the API; with BROKER_URL=memory:// also run jobs in this process."""
+    import uvicorn
+
+    from api.main import create_app
+
+    settings = get_settings()
+    if migrate_first:
+        migrate_database(settings.DATABASE_URL)
+    application = create_app(settings)
+    worker = start_embedded_worker(settings)
+    try:
+        uvicorn.run(application, host=host or settings.HOST, port=port or settings.PORT,
+                    access_log=False)  # the app writes its own JSON access log
+    finally:
+        if worker is not None and hasattr(worker, "stop"):
+            worker.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,231 @@
+"""FastAPI dependencies: settings, DB session, object store, job queue, auth, idempotency.
+
+Routes declare what they need with the Annotated aliases at the bottom (`SessionDep`,
+`CurrentTeam`, ...). Everything comes from `app.state`, set once by api.main.create_app, so
+tests inject their own store and queue there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+from fastapi import Depends, Header, Request
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.errors import api_error
+from models.settings import Settings
+from models.tables import IdempotencyKey, Team
+from models.teams import team_for_key
+
+log = logging.getLogger("humanline.api")
+
+RUN_JOB_TASK = "worker.tasks.run_job"
+
+
+# --- the job queue ------------------------------------------------------------------------
+
+
+@runtime_checkable
+class JobQueue(Protocol):
+    """Where the API hands a committed job id. The DB is the source of truth: a lost message
+    leaves the job `queued`, and the worker's sweep (models.jobs.stale_queued) sends it again."""
+
+    def enqueue(self, job_id: str) -> None: ...
+
+
+class CeleryQueue:
+    """Sends the Celery task `worker.tasks.run_job(job_id)` by name: the API never imports
+    worker code (nor torch). Celery is imported on first use only."""
+
+    def __init__(self, broker_url: str, queue: str | None = None):
+        self.broker_url = broker_url
+        self.queue = queue
+        self._celery: Any = None
+
+    def _app(self) -> Any:
+        if self._celery is None:
+            try:
+                from celery import Celery
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise RuntimeError(
+                    f"BROKER_URL={self.broker_url!r} needs celery in the API image "
+                    "(pip install 'celery[redis]'), or BROKER_URL=memory:// for the embedded "
+                    "worker"
+                ) from exc
+            self._celery = Celery("humanline-api", broker=self.broker_url)
+        return self._celery
+
+    def enqueue(self, job_id: str) -> None:
+        options = {"queue": self.queue} if self.queue else {}
+        self._app().send_task(RUN_JOB_TASK, args=[job_id], **options)
+
+
+class EmbeddedQueue:
+    """BROKER_URL=memory://: hand the job to the in-process worker that `humanline-server
+    serve` starts (worker.embedded.enqueue). Without it jobs stay queued, which is visible."""
+
+    def enqueue(self, job_id: str) -> None:
+        try:
+            from worker import embedded
+        except ImportError as exc:
+            raise RuntimeError(
+                "BROKER_URL=memory:// runs jobs in-process, but worker.embedded is not "
+                "importable; install the worker extra or point BROKER_URL at a broker"
+            ) from exc
+        embedded.enqueue(job_id)
+
+
+def default_queue(settings: Settings) -> JobQueue:
+    if settings.embedded_worker:
+        return EmbeddedQueue()
+    return CeleryQueue(settings.BROKER_URL, settings.CELERY_QUEUE)
+
+
+def enqueue_after_commit(queue: JobQueue, job_id: str) -> None:
+    """Never fail a request whose job is already committed: log, the sweep resends."""
+    try:
+        queue.enqueue(job_id)
+    except Exception:
+        log.exception("could not enqueue job; it stays queued", extra={"job_id": job_id})
+
+
+# --- plain state ----------------------------------------------------------------------------
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+def get_store(request: Request) -> Any:
+    return request.app.state.store
+
+
+def get_queue(request: Request) -> JobQueue:
+    return request.app.state.queue
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+SessionDep = Annotated[Session, Depends(get_session)]
+StoreDep = Annotated[Any, Depends(get_store)]  # storage.ObjectStore
+QueueDep = Annotated[JobQueue, Depends(get_queue)]
+
+
+# --- auth -------------------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer hl_...`")
+
+
+def get_current_team(
+    request: Request,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Team:
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise api_error(401, "missing API key: send 'Authorization: Bearer hl_...'",
+                        headers=challenge)
+    team = team_for_key(session, credentials.credentials.strip())
+    if team is None:
+        raise api_error(401, "invalid or revoked API key", headers=challenge)
+    request.state.team_id = team.id  # for the access log; never the key itself
+    return team
+
+
+CurrentTeam = Annotated[Team, Depends(get_current_team)]
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+def request_hash(payload: Any) -> str:
+    """sha256 of a canonical JSON rendering: key order and whitespace do not matter."""
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Idempotency:
+    """`Idempotency-Key` handling for one POST (DESIGN.md §6).
+
+    Usage in a route: `if (r := idem.replay(h)) is not None: return r`, do the work in the
+    session without committing, then `if (r := idem.commit(h, 201, body)) is not None:` a
+    concurrent request with the same key won (our work was rolled back; undo side effects and
+    return r). Only successful responses are remembered: a rejected request can be retried
+    with the same key.
+    """
+
+    def __init__(self, session: Session, team_id: str, key: str | None, method_path: str):
+        self.session = session
+        self.team_id = team_id
+        self.key = key
+        self.method_path = method_path
+
+    def replay(self, req_hash: str) -> JSONResponse | None:
+        if self.key is None:
+            return None
+        row = self.session.execute(
+            select(IdempotencyKey).where(IdempotencyKey.team_id == self.team_id,
+                                         IdempotencyKey.key == self.key)
+        ).scalar_one_or_none()
+        if row is None:
+            return None
+        if row.method_path != self.method_path or row.request_hash != req_hash:
+            raise api_error(
+                409,
+                "this Idempotency-Key was already used with a different request; "
+                "use a new key for a new request",
+                field="Idempotency-Key",
+            )
+        return JSONResponse(row.response_body, status_code=row.response_status,
+                            headers={"Idempotent-Replayed": "true"})
+
+    def commit(self, req_hash: str, status_code: int, body: dict[str, Any]) -> JSONResponse | None:
+        if self.key is not None:
+            self.session.add(IdempotencyKey(
+                team_id=self.team_id, key=self.key, method_path=self.method_path,
+                request_hash=req_hash, response_status=status_code, response_body=body,
+            ))
+        try:
+            self.session.commit()
+        except IntegrityError:
+            self.session.rollback()
+            if self.key is not None:
+                winner = self.replay(req_hash)
+                if winner is not None:
+                    return winner
+            raise
+        return None
+
+
+def get_idempotency(
+    request: Request,
+    session: SessionDep,
+    team: CurrentTeam,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="Retry-safe POSTs: the same key and body return the original "
+                           "response; the same key with another body is a 409."),
+    ] = None,
+) -> Idempotency:
+    if idempotency_key is not None and not _KEY.match(idempotency_key):
+        raise api_error(400, "Idempotency-Key must be 1-255 visible ASCII characters",
+                        field="Idempotency-Key")
+    return Idempotency(session, team.id, idempotency_key, f"{request.method} {request.url.path}")
+
+
+IdempotencyDep = Annotated[Idempotency, Depends(get_idempotency)]

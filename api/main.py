@@ -1,0 +1,93 @@
+"""The FastAPI application: `create_app(settings)` wires settings, DB, store, queue, routes.
+
+    uvicorn --factory api.main:create_app     # or: humanline-server serve
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import Scope
+
+from api.deps import JobQueue, default_queue
+from api.errors import RequestTooLarge, install_error_handlers
+from api.observability import Metrics, RequestMiddleware, configure_logging
+from api.routes import files, health, jobs
+from models.db import make_engine, make_session_factory
+from models.settings import Settings, get_settings
+from models.tables import JOB_STATUSES, Job
+
+log = logging.getLogger("humanline.api")
+JSON_BODY_LIMIT = 1 << 20  # every request but an upload: job specs are small
+MULTIPART_SLACK = 1 << 16  # multipart framing around the file itself
+
+
+class _JobsCollector:
+    """`humanline_jobs{status}`: jobs per status, counted when Prometheus scrapes."""
+
+    def __init__(self, factory: sessionmaker[Session]):
+        self.factory = factory
+
+    def collect(self):
+        gauge = GaugeMetricFamily("humanline_jobs", "Jobs by status.", labels=["status"])
+        counts = dict.fromkeys(JOB_STATUSES, 0)
+        try:
+            with self.factory() as session:
+                counts.update(session.execute(
+                    select(Job.status, func.count()).group_by(Job.status)).tuples().all())
+        except Exception:  # a scrape must not fail because the DB blinked
+            return
+        for status, count in counts.items():
+            gauge.add_metric([status], count)
+        yield gauge
+
+
+def _open_store(settings: Settings) -> Any:
+    from storage import open_store
+
+    return open_store(settings.STORAGE_URL, **settings.storage_options())
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: Any = None,
+    queue: JobQueue | None = None,
+    session_factory: sessionmaker[Session] | None = None,
+) -> FastAPI:
+    """Build the app. Tests (and the embedded server) pass their own store, queue or
+    sessions; otherwise they come from settings (STORAGE_URL, BROKER_URL, DATABASE_URL).
+    The schema must exist already: `humanline-server migrate`."""
+    settings = settings or get_settings()
+    configure_logging(settings.LOG_LEVEL, settings.LOG_JSON)
+    app = FastAPI(
+        title="Humanline",
+        version="0.1.0",
+        summary="Fine-tuning as a service: DPO, KTO and GRPO, with humanline variants.",
+    )
+    factory = session_factory or make_session_factory(make_engine(settings.DATABASE_URL))
+    metrics = Metrics()
+    metrics.registry.register(_JobsCollector(factory))
+    app.state.settings = settings
+    app.state.session_factory = factory
+    app.state.store = store if store is not None else _open_store(settings)
+    app.state.queue = queue if queue is not None else default_queue(settings)
+    app.state.metrics = metrics
+
+    def body_limit(scope: Scope) -> int:
+        if scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == "/v1/files":
+            return settings.MAX_UPLOAD_BYTES + MULTIPART_SLACK
+        return JSON_BODY_LIMIT
+
+    install_error_handlers(app)
+    app.include_router(files.router, prefix="/v1")
+    app.include_router(jobs.router, prefix="/v1")
+    app.include_router(health.router)
+    app.add_middleware(RequestMiddleware, metrics=metrics, body_limit=body_limit,
+                       too_large=RequestTooLarge)
+    return app

@@ -1,0 +1,135 @@
+"""Auth, error shape, request ids, health, metrics, and the no-torch rule."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from api.observability import JsonFormatter
+from models.teams import revoke_api_key
+from tests.api.conftest import upload
+from models.tables import ApiKey
+
+
+def _assert_error(r, status: int, type_: str | None = None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] and err["request_id"] == r.headers["x-request-id"]
+    if type_:
+        assert err["type"] == type_
+    return err
+
+
+@pytest.mark.parametrize("headers", [
+    {},
+    {"Authorization": "hl_nothing"},
+    {"Authorization": "Basic dXNlcjpwYXNz"},
+    {"Authorization": "Bearer "},
+    {"Authorization": "Bearer hl_not-a-real-key"},
+    {"Authorization": "Bearer sk-something"},
+])
+def test_requests_without_a_valid_key_are_401(client, team_a, headers):
+    for method, path in [("GET", "/v1/files"), ("GET", "/v1/jobs"), ("POST", "/v1/jobs"),
+                         ("GET", "/v1/jobs/job-x/events")]:
+        r = client.request(method, path, headers=headers)
+        _assert_error(r, 401, "authentication_error")
+        assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_revoked_key_is_401(client, team_a, db_sessions):
+    assert client.get("/v1/files", headers=team_a.headers).status_code == 200
+    with db_sessions() as s:
+        key = s.query(ApiKey).filter_by(team_id=team_a.id).one()
+        revoke_api_key(s, key.id)
+        s.commit()
+    _assert_error(client.get("/v1/files", headers=team_a.headers), 401)
+
+
+def test_request_id_is_echoed_or_made(client, team_a):
+    r = client.get("/v1/files", headers={**team_a.headers, "X-Request-ID": "req-123"})
+    assert r.headers["x-request-id"] == "req-123"
+    made = client.get("/v1/files", headers={**team_a.headers, "X-Request-ID": "bad id <script>"})
+    assert made.headers["x-request-id"] != "bad id" and len(made.headers["x-request-id"]) == 32
+    err = client.get("/v1/files/file-nope", headers={**team_a.headers, "X-Request-ID": "r-9"})
+    assert _assert_error(err, 404, "not_found_error")["request_id"] == "r-9"
+
+
+def test_unknown_routes_and_methods_use_the_error_shape(client, team_a):
+    _assert_error(client.get("/v1/nothing", headers=team_a.headers), 404)
+    _assert_error(client.put("/v1/files", headers=team_a.headers), 405)
+
+
+def test_query_validation_errors_name_the_field(client, team_a):
+    err = _assert_error(client.get("/v1/jobs?limit=0", headers=team_a.headers), 422)
+    assert err["field"] == "limit"
+    err = _assert_error(client.get("/v1/jobs?status=bogus", headers=team_a.headers), 422)
+    assert err["field"] == "status"
+
+
+def test_health_ready_and_metrics(client, team_a):
+    assert client.get("/healthz").json()["status"] == "ok"
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
+    client.get("/v1/files", headers=team_a.headers)
+    client.get("/v1/files/file-123", headers=team_a.headers)
+    text = client.get("/metrics").text
+    assert 'humanline_http_requests_total{method="GET",route="/v1/files",status="200"}' in text
+    assert 'route="/v1/files/{file_id}",status="404"' in text
+    assert "humanline_http_request_duration_seconds_bucket" in text
+    assert 'humanline_jobs{status="queued"} 0.0' in text
+
+
+def test_readyz_is_503_without_a_database(settings, store, queue):
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+
+    def failing():
+        raise RuntimeError("database down")
+
+    app = create_app(settings, store=store, queue=queue, session_factory=failing)
+    r = TestClient(app).get("/readyz")
+    assert r.status_code == 503 and r.json()["status"] == "unavailable"
+
+
+def test_openapi_documents_the_routes(client):
+    spec = client.get("/openapi.json").json()
+    for path in ["/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
+                 "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
+                 "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/events/stream",
+                 "/v1/jobs/{job_id}/metrics", "/v1/jobs/{job_id}/checkpoints",
+                 "/v1/jobs/{job_id}/checkpoints/{step}/download", "/healthz", "/readyz"]:
+        assert path in spec["paths"], path
+
+
+def test_logs_are_json_with_request_id_and_never_the_key(client, team_a):
+    logger = logging.getLogger("humanline")
+    logger.setLevel("INFO")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    try:
+        client.get("/v1/files", headers={**team_a.headers, "X-Request-ID": "log-check"})
+        upload(client, team_a, headers={"X-Request-ID": "log-check"})
+    finally:
+        logger.removeHandler(handler)
+    err = out.getvalue()
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    access = [line for line in lines if line.get("request_id") == "log-check"]
+    assert access and access[0]["status"] == 200 and access[0]["team_id"] == team_a.id
+    assert team_a.key not in err and team_a.key[3:] not in err
+
+
+def test_importing_the_api_does_not_import_torch():
+    code = ("import sys, api.main, api.cli, api.routes.jobs, api.routes.files; "
+            "bad = [m for m in ('torch', 'transformers', 'worker') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
