@@ -18,6 +18,7 @@ from api.schemas import Deleted, ErrorResponse, FileOut, Page
 from api.uploads import UploadRejected, spool_and_validate
 from models.base import new_id
 from models.tables import ACTIVE_STATUSES, File, Job
+from storage import ObjectNotFound
 from storage.keys import file_key
 
 router = APIRouter(prefix="/files", tags=["files"])
@@ -125,8 +126,13 @@ def get_file(file_id: str, team: CurrentTeam, session: SessionDep):
 def get_file_content(file_id: str, team: CurrentTeam, session: SessionDep, store: StoreDep):
     """The uploaded bytes, streamed."""
     row = _own_file(session, team.id, file_id)
+    try:
+        chunks = store.get_stream(row.object_key)
+    except ObjectNotFound:
+        log.error("file row without its object", extra={"file_id": file_id})
+        raise api_error(404, f"the content of file {file_id} is missing", field="file_id")
     return StreamingResponse(
-        store.get_stream(row.object_key),
+        chunks,
         media_type="application/jsonl",
         headers={"Content-Length": str(row.bytes),
                  "Content-Disposition": f'attachment; filename="{row.id}.jsonl"'},
