@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,7 +43,7 @@ def start_embedded_worker(settings: Settings) -> Any:
     if not settings.embedded_worker:
         return None
     try:
-        from worker import embedded
+        embedded = importlib.import_module("worker.embedded")
     except ImportError as exc:
         raise SystemExit(
             f"BROKER_URL=memory:// runs jobs in this process but worker.embedded cannot be "

@@ -8,6 +8,7 @@ tests inject their own store and queue there.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import re
@@ -75,7 +76,7 @@ class EmbeddedQueue:
 
     def enqueue(self, job_id: str) -> None:
         try:
-            from worker import embedded
+            embedded = importlib.import_module("worker.embedded")
         except ImportError as exc:
             raise RuntimeError(
                 "BROKER_URL=memory:// runs jobs in-process, but worker.embedded is not "

@@ -112,5 +112,15 @@ def install_error_handlers(app: FastAPI) -> None:
             detail["field"] = first["field"]
         return JSONResponse(error_body(422, detail), status_code=422)
 
+    async def storage_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.error("object store unavailable: %s", exc)
+        detail = {"message": "the object store is unavailable; retry later",
+                  "type": ERROR_TYPES[503]}
+        return JSONResponse(error_body(503, detail), status_code=503,
+                            headers={"Retry-After": "5"})
+
+    from storage import StorageUnavailableError
+
+    app.add_exception_handler(StorageUnavailableError, storage_unavailable)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, request_validation_error)

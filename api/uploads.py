@@ -1,18 +1,18 @@
-"""Validate an upload while streaming it to a local spool file, in one pass.
+"""Validate an upload while streaming through it, before anything reaches the object store.
 
-Nothing reaches the object store until the whole file is known to be good: the route then
-stores the spool file under its final key (put_file is atomic), so a rejected upload leaves
-no object and no row. Memory stays bounded by one chunk plus one line.
+Starlette has already spooled the multipart file to a local temporary file (memory up to
+1 MiB, then disk). Pass 1 (here) reads it in chunks, line by line through the data module's
+validator, counting and hashing; only a fully valid file gets pass 2, where the route streams
+the same spool file into the store under its final key (put_stream is atomic: temp object,
+then rename). A refused upload therefore never creates an object or a row, and memory stays
+bounded by one chunk plus one line.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 from trainer.spec.data import (
@@ -38,20 +38,16 @@ class UploadRejected(Exception):
     errors: list[dict] = field(default_factory=list)
 
 
-@dataclass
-class SpooledUpload:
-    path: Path
+@dataclass(frozen=True)
+class ValidUpload:
     bytes: int
     sha256: str
     format: str
     records: int
 
-    def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
-
 
 class _LimitedValidator(JsonlValidator):
-    """JsonlValidator with the service's (possibly tighter) line-length limit."""
+    """JsonlValidator with the service's (possibly tighter) line limit; tolerates a BOM."""
 
     def __init__(self, allowed, max_line_bytes: int):
         super().__init__(allowed)
@@ -68,51 +64,45 @@ class _LimitedValidator(JsonlValidator):
         return super().feed(raw)
 
 
-def spool_and_validate(
-    stream: BinaryIO,
-    *,
-    purpose: str,
-    max_bytes: int,
-    max_line_bytes: int,
-    spool_dir: str | None = None,
-) -> SpooledUpload:
-    """Read `stream` to the end (or to the first reason to refuse it), validating every line.
+def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK) -> Iterator[bytes]:
+    while chunk := stream.read(chunk_size):
+        yield chunk
 
-    Raises UploadRejected; on success the caller owns the returned spool file."""
+
+def validate_upload(
+    stream: BinaryIO, *, purpose: str, max_bytes: int, max_line_bytes: int
+) -> ValidUpload:
+    """Read `stream` to its end (or to the first reason to refuse it) and validate every line.
+
+    Raises UploadRejected(413) past `max_bytes`, UploadRejected(422) with line-numbered
+    errors (at most MAX_ERRORS; reading stops there) for invalid or empty content."""
     validator = _LimitedValidator(ALLOWED_FORMATS[purpose], max_line_bytes)
     digest = hashlib.sha256()
     size = 0
-    fd, name = tempfile.mkstemp(prefix="upload-", suffix=".jsonl", dir=spool_dir)
-    path = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as out:
 
-            def chunks() -> Iterator[bytes]:
-                nonlocal size
-                while chunk := stream.read(CHUNK):
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise UploadRejected(413, f"file larger than {max_bytes} bytes")
-                    digest.update(chunk)
-                    out.write(chunk)
-                    yield chunk
+    def counted() -> Iterator[bytes]:
+        nonlocal size
+        for chunk in read_chunks(stream):
+            size += len(chunk)
+            if size > max_bytes:
+                raise UploadRejected(413, f"file larger than {max_bytes} bytes")
+            digest.update(chunk)
+            yield chunk
 
-            for line in iter_lines(chunks()):
-                validator.feed(line)
-                if validator.report.error_count >= MAX_ERRORS:
-                    break  # enough to fix; do not parse a gigabyte of garbage
-        report = validator.finish()
-        if not report.ok:
-            errors = [{"line": e.line, "field": e.field, "message": e.message}
-                      for e in report.errors]
-            first = report.errors[0]
-            more = "" if report.error_count == 1 else f" (and {report.error_count - 1} more)"
-            raise UploadRejected(
-                422, f"invalid {purpose} file: line {first.line}: {first.field}: "
-                     f"{first.message}{more}", errors,
-            )
-        assert report.format is not None
-        return SpooledUpload(path, size, digest.hexdigest(), report.format, report.records)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+    for line in iter_lines(counted()):
+        validator.feed(line)
+        if validator.report.error_count >= MAX_ERRORS:
+            break  # enough to fix; do not parse a gigabyte of garbage
+    report = validator.finish()
+    if not report.ok:
+        errors = [{"line": e.line, "field": e.field, "message": e.message}
+                  for e in report.errors]
+        first = report.errors[0]
+        more = "" if report.error_count == 1 else f" (and {report.error_count - 1} more)"
+        raise UploadRejected(
+            422,
+            f"invalid {purpose} file: line {first.line}: {first.field}: {first.message}{more}",
+            errors,
+        )
+    assert report.format is not None
+    return ValidUpload(size, digest.hexdigest(), report.format, report.records)

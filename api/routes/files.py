@@ -15,7 +15,7 @@ from sqlalchemy import select
 from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep, StoreDep, request_hash
 from api.errors import api_error
 from api.schemas import Deleted, ErrorResponse, FileOut, Page
-from api.uploads import UploadRejected, spool_and_validate
+from api.uploads import UploadRejected, read_chunks, validate_upload
 from models.base import new_id
 from models.tables import ACTIVE_STATUSES, File, Job
 from storage import ObjectNotFound
@@ -53,7 +53,7 @@ def upload_file(
     """Upload a JSONL file. It is validated line by line as it streams in; an invalid file is
     refused with every bad line (up to 20) and leaves nothing behind."""
     try:
-        spooled = spool_and_validate(
+        valid = validate_upload(
             file.file, purpose=purpose, max_bytes=settings.MAX_UPLOAD_BYTES,
             max_line_bytes=settings.MAX_LINE_BYTES,
         )
@@ -62,35 +62,34 @@ def upload_file(
                         field="file" if rejected.status == 413 else None,
                         errors=rejected.errors or None) from None
     filename = _display_name(file.filename)
+    req_hash = request_hash({"purpose": purpose, "filename": filename, "sha256": valid.sha256})
+    if (replayed := idem.replay(req_hash)) is not None:
+        return replayed
+    file_id = new_id("file")
+    key = file_key(team.id, file_id)
+    file.file.seek(0)  # pass 2: the validated bytes, straight to their final key (atomic)
+    stored = store.put_stream(key, read_chunks(file.file))
     try:
-        req_hash = request_hash({"purpose": purpose, "filename": filename,
-                                 "sha256": spooled.sha256})
-        if (replayed := idem.replay(req_hash)) is not None:
-            return replayed
-        file_id = new_id("file")
-        key = file_key(team.id, file_id)
-        store.put_file(key, spooled.path)
-        try:
-            row = File(
-                id=file_id, team_id=team.id, filename=filename, purpose=purpose,
-                bytes=spooled.bytes, sha256=spooled.sha256, format=spooled.format,
-                records=spooled.records, status="processed", object_key=key,
-            )
-            session.add(row)
-            session.flush()
-            body = FileOut.of(row).model_dump(mode="json")
-            winner = idem.commit(req_hash, 201, body)
-        except BaseException:
-            session.rollback()
-            store.delete(key)
-            raise
-        if winner is not None:  # a concurrent retry with the same key stored its file first
-            store.delete(key)
-            return winner
-    finally:
-        spooled.discard()
-    log.info("file uploaded", extra={"file_id": file_id, "bytes": spooled.bytes,
-                                     "records": spooled.records, "format": spooled.format})
+        if stored != valid.bytes:  # the spool file changed under us: refuse to publish it
+            raise RuntimeError(f"stored {stored} bytes of a {valid.bytes}-byte upload")
+        row = File(
+            id=file_id, team_id=team.id, filename=filename, purpose=purpose,
+            bytes=valid.bytes, sha256=valid.sha256, format=valid.format,
+            records=valid.records, status="processed", object_key=key,
+        )
+        session.add(row)
+        session.flush()
+        body = FileOut.of(row).model_dump(mode="json")
+        winner = idem.commit(req_hash, 201, body)
+    except BaseException:
+        session.rollback()
+        store.delete(key)
+        raise
+    if winner is not None:  # a concurrent retry with the same key stored its file first
+        store.delete(key)
+        return winner
+    log.info("file uploaded", extra={"file_id": file_id, "bytes": valid.bytes,
+                                     "records": valid.records, "format": valid.format})
     return JSONResponse(body, status_code=201)
 
 
@@ -98,7 +97,6 @@ def upload_file(
 def list_files(
     team: CurrentTeam,
     session: SessionDep,
-    settings: SettingsDep,
     after: Annotated[str | None, Query(max_length=64, description="Cursor: a file id.")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     purpose: Literal["train", "eval"] | None = None,

@@ -216,3 +216,32 @@ def test_missing_object_content_is_404(client, team_a, store, train_file):
     store.delete_prefix(f"{team_a.id}/")
     r = client.get(f"/v1/files/{train_file}/content", headers=team_a.headers)
     assert r.status_code == 404
+
+
+def test_store_outage_is_503_and_leaves_no_row(client, team_a, store, db_sessions,
+                                               monkeypatch):
+    from storage import StorageUnavailableError
+
+    def down(key, chunks):
+        raise StorageUnavailableError("s3 unreachable")
+
+    monkeypatch.setattr(store, "put_stream", down)
+    r = upload(client, team_a)
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert r.json()["error"]["type"] == "service_unavailable"
+    assert _file_rows(db_sessions) == 0
+
+
+def test_a_failure_after_storing_removes_the_object(client, team_a, store, db_sessions,
+                                                    monkeypatch):
+    from api.routes import files as files_route
+
+    def broken(row):
+        raise RuntimeError("db trouble")
+
+    monkeypatch.setattr(files_route.FileOut, "of", broken)
+    r = upload(client, team_a)
+    assert r.status_code == 500
+    assert r.json()["error"] == {"message": "internal server error", "type": "internal_error",
+                                 "request_id": r.headers["x-request-id"]}
+    assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
