@@ -1,9 +1,9 @@
 """`humanline-server`: the service's admin and serve commands (the SDK's CLI is `humanline`).
 
-    humanline-server migrate                 # alembic upgrade head on DATABASE_URL
-    humanline-server create-team acme        # prints the team id
-    humanline-server create-key acme         # prints a new API key, once
-    humanline-server serve                   # API (+ embedded worker when BROKER_URL=memory://)
+humanline-server migrate                 # alembic upgrade head on DATABASE_URL
+humanline-server create-team acme        # prints the team id
+humanline-server create-key acme         # prints a new API key, once
+humanline-server serve                   # API (+ embedded worker when BROKER_URL=memory://)
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import typer
 
 from models.settings import Settings, get_settings
 
-app = typer.Typer(help="Humanline service: database, teams, API keys and the HTTP server.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Humanline service: database, teams, API keys and the HTTP server.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 
@@ -100,8 +103,9 @@ def create_key(
 def serve(
     host: Annotated[str | None, typer.Option(help="Default: HOST.")] = None,
     port: Annotated[int | None, typer.Option(help="Default: PORT.")] = None,
-    migrate_first: Annotated[bool, typer.Option("--migrate/--no-migrate",
-                                                help="Upgrade the schema before serving.")] = True,
+    migrate_first: Annotated[
+        bool, typer.Option("--migrate/--no-migrate", help="Upgrade the schema before serving.")
+    ] = True,
 ) -> None:
     """Serve the API; with BROKER_URL=memory:// also run jobs in this process."""
     import uvicorn
@@ -114,8 +118,9 @@ def serve(
     application = create_app(settings)
     worker = start_embedded_worker(settings)
     try:
-        uvicorn.run(application, host=host or settings.HOST, port=port or settings.PORT,
-                    access_log=False)  # the app writes its own JSON access log
+        uvicorn.run(
+            application, host=host or settings.HOST, port=port or settings.PORT, access_log=False
+        )  # the app writes its own JSON access log
     finally:
         if worker is not None and hasattr(worker, "stop"):
             worker.stop()

@@ -137,8 +137,9 @@ def get_current_team(
 ) -> Team:
     challenge = {"WWW-Authenticate": "Bearer"}
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise api_error(401, "missing API key: send 'Authorization: Bearer hl_...'",
-                        headers=challenge)
+        raise api_error(
+            401, "missing API key: send 'Authorization: Bearer hl_...'", headers=challenge
+        )
     team = team_for_key(session, credentials.credentials.strip())
     if team is None:
         raise api_error(401, "invalid or revoked API key", headers=challenge)
@@ -180,8 +181,9 @@ class Idempotency:
         if self.key is None:
             return None
         row = self.session.execute(
-            select(IdempotencyKey).where(IdempotencyKey.team_id == self.team_id,
-                                         IdempotencyKey.key == self.key)
+            select(IdempotencyKey).where(
+                IdempotencyKey.team_id == self.team_id, IdempotencyKey.key == self.key
+            )
         ).scalar_one_or_none()
         if row is None:
             return None
@@ -192,15 +194,24 @@ class Idempotency:
                 "use a new key for a new request",
                 field="Idempotency-Key",
             )
-        return JSONResponse(row.response_body, status_code=row.response_status,
-                            headers={"Idempotent-Replayed": "true"})
+        return JSONResponse(
+            row.response_body,
+            status_code=row.response_status,
+            headers={"Idempotent-Replayed": "true"},
+        )
 
     def commit(self, req_hash: str, status_code: int, body: dict[str, Any]) -> JSONResponse | None:
         if self.key is not None:
-            self.session.add(IdempotencyKey(
-                team_id=self.team_id, key=self.key, method_path=self.method_path,
-                request_hash=req_hash, response_status=status_code, response_body=body,
-            ))
+            self.session.add(
+                IdempotencyKey(
+                    team_id=self.team_id,
+                    key=self.key,
+                    method_path=self.method_path,
+                    request_hash=req_hash,
+                    response_status=status_code,
+                    response_body=body,
+                )
+            )
         try:
             self.session.commit()
         except IntegrityError:
@@ -219,13 +230,16 @@ def get_idempotency(
     team: CurrentTeam,
     idempotency_key: Annotated[
         str | None,
-        Header(description="Retry-safe POSTs: the same key and body return the original "
-                           "response; the same key with another body is a 409."),
+        Header(
+            description="Retry-safe POSTs: the same key and body return the original "
+            "response; the same key with another body is a 409."
+        ),
     ] = None,
 ) -> Idempotency:
     if idempotency_key is not None and not _KEY.match(idempotency_key):
-        raise api_error(400, "Idempotency-Key must be 1-255 visible ASCII characters",
-                        field="Idempotency-Key")
+        raise api_error(
+            400, "Idempotency-Key must be 1-255 visible ASCII characters", field="Idempotency-Key"
+        )
     return Idempotency(session, team.id, idempotency_key, f"{request.method} {request.url.path}")
 
 

@@ -56,8 +56,10 @@ class RequestTooLarge(HTTPException):
     a generic 400."""
 
     def __init__(self, limit: int):
-        super().__init__(413, detail={"message": f"request body larger than {limit} bytes",
-                                      "type": ERROR_TYPES[413]})
+        super().__init__(
+            413,
+            detail={"message": f"request body larger than {limit} bytes", "type": ERROR_TYPES[413]},
+        )
 
 
 def error_body(status_code: int, detail: Any) -> dict[str, Any]:
@@ -82,12 +84,14 @@ def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for err in errors:
         loc = list(err.get("loc", ()))
-        out.append({
-            "field": _field(loc),
-            "loc": loc,
-            "message": str(err.get("msg", "invalid value")),
-            "type": str(err.get("type", "value_error")),
-        })
+        out.append(
+            {
+                "field": _field(loc),
+                "loc": loc,
+                "message": str(err.get("msg", "invalid value")),
+                "type": str(err.get("type", "value_error")),
+            }
+        )
     return out
 
 
@@ -114,10 +118,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def storage_unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.error("object store unavailable: %s", exc)
-        detail = {"message": "the object store is unavailable; retry later",
-                  "type": ERROR_TYPES[503]}
-        return JSONResponse(error_body(503, detail), status_code=503,
-                            headers={"Retry-After": "5"})
+        detail = {
+            "message": "the object store is unavailable; retry later",
+            "type": ERROR_TYPES[503],
+        }
+        return JSONResponse(error_body(503, detail), status_code=503, headers={"Retry-After": "5"})
 
     from storage import StorageUnavailableError
 

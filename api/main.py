@@ -1,6 +1,6 @@
 """The FastAPI application: `create_app(settings)` wires settings, DB, store, queue, routes.
 
-    uvicorn --factory api.main:create_app     # or: humanline-server serve
+uvicorn --factory api.main:create_app     # or: humanline-server serve
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ class _JobsCollector:
         counts = dict.fromkeys(JOB_STATUSES, 0)
         try:
             with self.factory() as session:
-                counts.update(session.execute(
-                    select(Job.status, func.count()).group_by(Job.status)).tuples().all())
-        except Exception:  # a scrape must not fail because the DB blinked
+                counts.update(
+                    session.execute(select(Job.status, func.count()).group_by(Job.status))
+                    .tuples()
+                    .all()
+                )
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the DB blinked
             return
         for status, count in counts.items():
             gauge.add_metric([status], count)
@@ -88,6 +91,7 @@ def create_app(
     app.include_router(files.router, prefix="/v1")
     app.include_router(jobs.router, prefix="/v1")
     app.include_router(health.router)
-    app.add_middleware(RequestMiddleware, metrics=metrics, body_limit=body_limit,
-                       too_large=RequestTooLarge)
+    app.add_middleware(
+        RequestMiddleware, metrics=metrics, body_limit=body_limit, too_large=RequestTooLarge
+    )
     return app

@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -39,7 +39,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -77,12 +77,16 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "humanline_http_requests_total", "HTTP requests by route and status.",
-            ["method", "route", "status"], registry=self.registry,
+            "humanline_http_requests_total",
+            "HTTP requests by route and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "humanline_http_request_duration_seconds", "Time to the end of the response.",
-            ["method", "route"], registry=self.registry,
+            "humanline_http_request_duration_seconds",
+            "Time to the end of the response.",
+            ["method", "route"],
+            registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
 
@@ -93,8 +97,9 @@ def route_template(scope: Scope) -> str:
     if scope.get("route") is None:
         return "unmatched"
     params = {str(v): k for k, v in (scope.get("path_params") or {}).items()}
-    return "/".join(f"{{{params[seg]}}}" if seg in params else seg
-                    for seg in scope.get("path", "").split("/"))
+    return "/".join(
+        f"{{{params[seg]}}}" if seg in params else seg for seg in scope.get("path", "").split("/")
+    )
 
 
 class RequestMiddleware:
@@ -133,8 +138,10 @@ class RequestMiddleware:
                 started = True
                 status = message["status"]
                 message = dict(message)
-                message["headers"] = [*message.get("headers", []),
-                                      (b"x-request-id", request_id.encode())]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-request-id", request_id.encode()),
+                ]
             await send(message)
 
         received = 0
@@ -161,13 +168,20 @@ class RequestMiddleware:
                 from api.errors import error_body  # local: errors imports this module
 
                 detail = getattr(exc, "detail", None) or {
-                    "message": "internal server error", "type": "internal_error"}
+                    "message": "internal server error",
+                    "type": "internal_error",
+                }
                 body = json.dumps(error_body(status, detail)).encode()
-                await send_wrapper({
-                    "type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())],
-                })
+                await send_wrapper(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
                 await send_wrapper({"type": "http.response.body", "body": body})
         finally:
             elapsed = time.perf_counter() - start
@@ -177,8 +191,13 @@ class RequestMiddleware:
             self.metrics.latency.labels(method, template).observe(elapsed)
             access_log.info(
                 "request",
-                extra={"method": method, "path": scope.get("path"), "route": template,
-                       "status": status, "duration_ms": round(elapsed * 1000, 2),
-                       "team_id": scope.get("state", {}).get("team_id")},
+                extra={
+                    "method": method,
+                    "path": scope.get("path"),
+                    "route": template,
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 2),
+                    "team_id": scope.get("state", {}).get("team_id"),
+                },
             )
             _request_id.reset(token)

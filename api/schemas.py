@@ -47,12 +47,20 @@ class Page(BaseModel, Generic[T]):
 class FileOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [{
-                "id": "file-019a4b5c6d7e8f9a0b1c2d3e4f5a", "object": "file",
-                "filename": "prefs.jsonl", "purpose": "train", "bytes": 18234,
-                "sha256": "9b74c9897bac770ffc029102a200c5de...", "format": "preference",
-                "records": 128, "status": "processed", "created_at": "2026-11-21T06:30:00Z",
-            }]
+            "examples": [
+                {
+                    "id": "file-019a4b5c6d7e8f9a0b1c2d3e4f5a",
+                    "object": "file",
+                    "filename": "prefs.jsonl",
+                    "purpose": "train",
+                    "bytes": 18234,
+                    "sha256": "9b74c9897bac770ffc029102a200c5de...",
+                    "format": "preference",
+                    "records": 128,
+                    "status": "processed",
+                    "created_at": "2026-11-21T06:30:00Z",
+                }
+            ]
         }
     )
 
@@ -71,9 +79,16 @@ class FileOut(BaseModel):
     @classmethod
     def of(cls, row: File) -> FileOut:
         return cls(
-            id=row.id, filename=row.filename, purpose=row.purpose,  # type: ignore[arg-type]
-            bytes=row.bytes, sha256=row.sha256, format=row.format, records=row.records,
-            status=row.status, error=row.error, created_at=row.created_at,
+            id=row.id,
+            filename=row.filename,
+            purpose=row.purpose,  # type: ignore[arg-type]
+            bytes=row.bytes,
+            sha256=row.sha256,
+            format=row.format,
+            records=row.records,
+            status=row.status,
+            error=row.error,
+            created_at=row.created_at,
         )
 
 
@@ -86,16 +101,28 @@ class Deleted(BaseModel):
 class JobOut(BaseModel):
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [{
-                "id": "job-019a4b5c6d7e8f9a0b1c2d3e4f5a", "object": "job", "status": "running",
-                "base_model": "smollm2-135m-instruct", "objective": "dpo",
-                "variant": "offline+humanline", "training_file": "file-019a4b5c6d7e...",
-                "metadata": {"experiment": "sweep-3"}, "attempt": 1, "current_step": 40,
-                "total_steps": 200, "error": None, "result": None,
-                "created_at": "2026-11-21T06:30:00Z", "updated_at": "2026-11-21T06:31:00Z",
-                "started_at": "2026-11-21T06:30:05Z", "finished_at": None,
-                "spec": {"base_model": "smollm2-135m-instruct", "objective": {"name": "dpo"}},
-            }]
+            "examples": [
+                {
+                    "id": "job-019a4b5c6d7e8f9a0b1c2d3e4f5a",
+                    "object": "job",
+                    "status": "running",
+                    "base_model": "smollm2-135m-instruct",
+                    "objective": "dpo",
+                    "variant": "offline+humanline",
+                    "training_file": "file-019a4b5c6d7e...",
+                    "metadata": {"experiment": "sweep-3"},
+                    "attempt": 1,
+                    "current_step": 40,
+                    "total_steps": 200,
+                    "error": None,
+                    "result": None,
+                    "created_at": "2026-11-21T06:30:00Z",
+                    "updated_at": "2026-11-21T06:31:00Z",
+                    "started_at": "2026-11-21T06:30:05Z",
+                    "finished_at": None,
+                    "spec": {"base_model": "smollm2-135m-instruct", "objective": {"name": "dpo"}},
+                }
+            ]
         }
     )
 
@@ -121,26 +148,44 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, row: Job) -> JobOut:
         spec = row.spec or {}
-        variant = spec.get("data_source", "offline") + ("+humanline" if spec.get("humanline")
-                                                         else "")
+        variant = spec.get("data_source", "offline") + (
+            "+humanline" if spec.get("humanline") else ""
+        )
         return cls(
-            id=row.id, status=row.status, base_model=row.base_model,  # type: ignore[arg-type]
-            objective=row.objective, variant=variant,
-            training_file=spec.get("training_file"), metadata=row.meta or {},
-            attempt=row.attempt, current_step=row.current_step, total_steps=row.total_steps,
-            error=row.error, result=row.result, created_at=row.created_at,
-            updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
+            id=row.id,
+            status=row.status,
+            base_model=row.base_model,  # type: ignore[arg-type]
+            objective=row.objective,
+            variant=variant,
+            training_file=spec.get("training_file"),
+            metadata=row.meta or {},
+            attempt=row.attempt,
+            current_step=row.current_step,
+            total_steps=row.total_steps,
+            error=row.error,
+            result=row.result,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            started_at=row.started_at,
+            finished_at=row.finished_at,
             spec=spec,
         )
 
 
 class EventOut(BaseModel):
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{
-            "seq": 3, "object": "job.event", "kind": "status", "message": "queued → running",
-            "data": {"from": "queued", "to": "running", "attempt": 1},
-            "created_at": "2026-11-21T06:30:05Z",
-        }]}
+        json_schema_extra={
+            "examples": [
+                {
+                    "seq": 3,
+                    "object": "job.event",
+                    "kind": "status",
+                    "message": "queued → running",
+                    "data": {"from": "queued", "to": "running", "attempt": 1},
+                    "created_at": "2026-11-21T06:30:05Z",
+                }
+            ]
+        }
     )
 
     seq: int
@@ -152,15 +197,25 @@ class EventOut(BaseModel):
 
     @classmethod
     def of(cls, row: JobEvent) -> EventOut:
-        return cls(seq=row.seq, kind=row.kind, message=row.message, data=row.data,
-                   created_at=row.created_at)
+        return cls(
+            seq=row.seq,
+            kind=row.kind,
+            message=row.message,
+            data=row.data,
+            created_at=row.created_at,
+        )
 
 
 class MetricOut(BaseModel):
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{
-            "step": 10, "values": {"loss": 0.61, "clip_fraction": 0.03, "grad_norm": 0.8},
-        }]}
+        json_schema_extra={
+            "examples": [
+                {
+                    "step": 10,
+                    "values": {"loss": 0.61, "clip_fraction": 0.03, "grad_norm": 0.8},
+                }
+            ]
+        }
     )
 
     step: int
@@ -179,11 +234,18 @@ class MetricsPage(BaseModel):
 
 class CheckpointOut(BaseModel):
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{
-            "object": "checkpoint", "job_id": "job-019a...", "step": 100, "bytes": 540000000,
-            "files": ["model.safetensors", "config.json"],
-            "created_at": "2026-11-21T06:40:00Z",
-        }]}
+        json_schema_extra={
+            "examples": [
+                {
+                    "object": "checkpoint",
+                    "job_id": "job-019a...",
+                    "step": 100,
+                    "bytes": 540000000,
+                    "files": ["model.safetensors", "config.json"],
+                    "created_at": "2026-11-21T06:40:00Z",
+                }
+            ]
+        }
     )
 
     object: Literal["checkpoint"] = "checkpoint"
@@ -195,8 +257,13 @@ class CheckpointOut(BaseModel):
 
     @classmethod
     def of(cls, row: Checkpoint) -> CheckpointOut:
-        return cls(job_id=row.job_id, step=row.step, bytes=row.bytes, files=row.files,
-                   created_at=row.created_at)
+        return cls(
+            job_id=row.job_id,
+            step=row.step,
+            bytes=row.bytes,
+            files=row.files,
+            created_at=row.created_at,
+        )
 
 
 class Health(BaseModel):

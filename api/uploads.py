@@ -55,11 +55,12 @@ class _LimitedValidator(JsonlValidator):
 
     def feed(self, raw: bytes) -> dict | None:
         if self._line == 0 and raw.startswith(_BOM):
-            raw = raw[len(_BOM):]
+            raw = raw[len(_BOM) :]
         if len(raw) > self.max_line_bytes:
             self._line += 1
-            self.report.add(LineError(self._line, "(line)",
-                                      f"longer than {self.max_line_bytes} bytes"))
+            self.report.add(
+                LineError(self._line, "(line)", f"longer than {self.max_line_bytes} bytes")
+            )
             return None
         return super().feed(raw)
 
@@ -95,8 +96,7 @@ def validate_upload(
             break  # enough to fix; do not parse a gigabyte of garbage
     report = validator.finish()
     if not report.ok:
-        errors = [{"line": e.line, "field": e.field, "message": e.message}
-                  for e in report.errors]
+        errors = [{"line": e.line, "field": e.field, "message": e.message} for e in report.errors]
         first = report.errors[0]
         more = "" if report.error_count == 1 else f" (and {report.error_count - 1} more)"
         raise UploadRejected(

@@ -72,8 +72,9 @@ def is_terminal(status: str) -> bool:
 # --- events -------------------------------------------------------------------------------
 
 
-def _bump_seq(session: Session, job_id: str, where: Sequence[ColumnElement[bool]] = (),
-              **values: Any) -> tuple[int, int] | None:
+def _bump_seq(
+    session: Session, job_id: str, where: Sequence[ColumnElement[bool]] = (), **values: Any
+) -> tuple[int, int] | None:
     """UPDATE the job row (guarded by `where`), taking the next event seq in the same
     statement. Returns (seq, attempt), or None when the guard matched nothing.
 
@@ -91,16 +92,18 @@ def _bump_seq(session: Session, job_id: str, where: Sequence[ColumnElement[bool]
     return None if row is None else (row[0], row[1])
 
 
-def _event(session: Session, job_id: str, seq: int, kind: str, message: str,
-           data: dict[str, Any] | None) -> JobEvent:
+def _event(
+    session: Session, job_id: str, seq: int, kind: str, message: str, data: dict[str, Any] | None
+) -> JobEvent:
     event = JobEvent(job_id=job_id, seq=seq, kind=kind, message=message, data=data)
     session.add(event)
     session.flush()
     return event
 
 
-def add_event(session: Session, job_id: str, kind: str, message: str = "",
-              data: dict[str, Any] | None = None) -> JobEvent:
+def add_event(
+    session: Session, job_id: str, kind: str, message: str = "", data: dict[str, Any] | None = None
+) -> JobEvent:
     """Append an event (kinds used: status, created, log, warning, error, checkpoint, metrics,
     data_quality ...). Raises LookupError for an unknown job."""
     taken = _bump_seq(session, job_id)
@@ -147,9 +150,7 @@ def transition(
     # change makes the UPDATE match nothing; re-read and decide again (bounded: each retry
     # means the job moved, and it can only move a few times).
     for _ in range(len(TRANSITIONS) + 1):
-        row = session.execute(
-            select(Job.status, Job.lease_owner).where(Job.id == job_id)
-        ).first()
+        row = session.execute(select(Job.status, Job.lease_owner).where(Job.id == job_id)).first()
         if row is None or row.status not in sources:
             return False
         if owner is not None and row.lease_owner != owner:
@@ -229,10 +230,8 @@ def request_cancel(session: Session, job_id: str) -> str | None:
         if status in ("validating", "queued"):
             if transition(session, job_id, status, "cancelled", message="cancelled by user"):
                 return "cancelled"
-        elif status == "running":
-            if transition(session, job_id, "running", "cancelling",
-                          message="cancellation requested"):
-                return "cancelling"
+        elif transition(session, job_id, "running", "cancelling", message="cancellation requested"):
+            return "cancelling"
     return None  # pragma: no cover - the job kept moving under us
 
 
@@ -240,8 +239,12 @@ def request_cancel(session: Session, job_id: str) -> str | None:
 
 
 def claim(
-    session: Session, job_id: str, worker_id: str, lease_seconds: float,
-    *, now: datetime | None = None,
+    session: Session,
+    job_id: str,
+    worker_id: str,
+    lease_seconds: float,
+    *,
+    now: datetime | None = None,
 ) -> Job | None:
     """Take a job for `worker_id`: queued → running, or running with an expired lease →
     running again (its previous worker died; resume from the last checkpoint).
@@ -282,8 +285,12 @@ def claim(
     if taken is None:
         return None
     seq, attempt = taken
-    data: dict[str, Any] = {"from": row.status, "to": "running", "attempt": attempt,
-                            "worker": worker_id}
+    data: dict[str, Any] = {
+        "from": row.status,
+        "to": "running",
+        "attempt": attempt,
+        "worker": worker_id,
+    }
     message = f"{row.status} → running (attempt {attempt})"
     if reclaimed:
         data["previous_worker"] = row.lease_owner
@@ -350,19 +357,28 @@ def finish(
     if result is not None:
         fields["result"] = result
     sources = ("cancelling",) if status == "cancelled" else ("running", "cancelling")
-    return transition(session, job_id, sources, status, owner=worker_id, message=message,
-                      **fields)
+    return transition(session, job_id, sources, status, owner=worker_id, message=message, **fields)
 
 
 def release(session: Session, job_id: str, worker_id: str, reason: str = "released") -> bool:
     """Give a running job back to the queue (worker shutdown, pause): running → queued.
     Enqueue it again after the commit; it resumes from its last checkpoint."""
-    return transition(session, job_id, "running", "queued", owner=worker_id, message=reason,
-                      data={"reason": reason, "worker": worker_id})
+    return transition(
+        session,
+        job_id,
+        "running",
+        "queued",
+        owner=worker_id,
+        message=reason,
+        data={"reason": reason, "worker": worker_id},
+    )
 
 
 def reap_expired(
-    session: Session, *, now: datetime | None = None, max_attempts: int | None = None,
+    session: Session,
+    *,
+    now: datetime | None = None,
+    max_attempts: int | None = None,
     limit: int = 100,
 ) -> list[str]:
     """Handle jobs whose worker stopped heart-beating (lease_expires_at < now).
@@ -384,23 +400,45 @@ def reap_expired(
     for job_id, status, owner, attempt in expired:
         data = {"worker": owner, "attempt": attempt}
         if status == "cancelling":
-            transition(session, job_id, "cancelling", "cancelled", where=still_expired,
-                       message=f"lease of {owner} expired while cancelling", data=data)
+            transition(
+                session,
+                job_id,
+                "cancelling",
+                "cancelled",
+                where=still_expired,
+                message=f"lease of {owner} expired while cancelling",
+                data=data,
+            )
         elif max_attempts is not None and attempt >= max_attempts:
             transition(
-                session, job_id, "running", "failed", where=still_expired,
-                message=f"lease of {owner} expired; {attempt} attempts exhausted", data=data,
-                error={"type": "worker_lost",
-                       "message": f"the worker was lost {attempt} times; giving up"},
+                session,
+                job_id,
+                "running",
+                "failed",
+                where=still_expired,
+                message=f"lease of {owner} expired; {attempt} attempts exhausted",
+                data=data,
+                error={
+                    "type": "worker_lost",
+                    "message": f"the worker was lost {attempt} times; giving up",
+                },
             )
-        elif transition(session, job_id, "running", "queued", where=still_expired,
-                        message=f"lease of {owner} expired; requeued", data=data):
+        elif transition(
+            session,
+            job_id,
+            "running",
+            "queued",
+            where=still_expired,
+            message=f"lease of {owner} expired; requeued",
+            data=data,
+        ):
             requeued.append(job_id)
     return requeued
 
 
-def stale_queued(session: Session, older_than_seconds: float,
-                 *, now: datetime | None = None) -> list[str]:
+def stale_queued(
+    session: Session, older_than_seconds: float, *, now: datetime | None = None
+) -> list[str]:
     """Queued jobs untouched for a while: their broker message may have been lost (a crash
     between the commit and the send). Enqueuing them again is safe: claim() lets one win."""
     cutoff = (now or utcnow()) - timedelta(seconds=older_than_seconds)
@@ -413,9 +451,9 @@ def stale_queued(session: Session, older_than_seconds: float,
 
 def active_job_count(session: Session, team_id: str) -> int:
     return session.execute(
-        select(func.count()).select_from(Job).where(
-            Job.team_id == team_id, Job.status.in_(ACTIVE_STATUSES)
-        )
+        select(func.count())
+        .select_from(Job)
+        .where(Job.team_id == team_id, Job.status.in_(ACTIVE_STATUSES))
     ).scalar_one()
 
 
@@ -458,14 +496,21 @@ def add_checkpoint(
     ckpt.files = list(files) if files is not None else None
     ckpt.created_at = utcnow()
     session.flush()
-    add_event(session, job_id, "checkpoint", f"checkpoint saved at step {step}",
-              {"step": step, "bytes": bytes})
+    add_event(
+        session,
+        job_id,
+        "checkpoint",
+        f"checkpoint saved at step {step}",
+        {"step": step, "bytes": bytes},
+    )
     return ckpt
 
 
 def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
     """The checkpoint to resume from (highest step)."""
     return session.execute(
-        select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc())
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job_id)
+        .order_by(Checkpoint.step.desc())
         .limit(1)
     ).scalar_one_or_none()

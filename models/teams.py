@@ -35,8 +35,9 @@ def get_team(session: Session, id_or_name: str) -> Team | None:
 def create_api_key(session: Session, team_id: str, name: str | None = None) -> tuple[ApiKey, str]:
     """Returns (row, secret). The secret is shown once and cannot be recovered."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(team_id=team_id, name=name, prefix=secret[:DISPLAY_CHARS],
-                 secret_hash=hash_secret(secret))
+    key = ApiKey(
+        team_id=team_id, name=name, prefix=secret[:DISPLAY_CHARS], secret_hash=hash_secret(secret)
+    )
     session.add(key)
     session.flush()
     return key, secret
@@ -47,8 +48,7 @@ def team_for_key(session: Session, secret: str) -> Team | None:
     if not secret.startswith(KEY_PREFIX) or len(secret) > 200:
         return None
     key = session.execute(
-        select(ApiKey).where(ApiKey.secret_hash == hash_secret(secret),
-                             ApiKey.revoked_at.is_(None))
+        select(ApiKey).where(ApiKey.secret_hash == hash_secret(secret), ApiKey.revoked_at.is_(None))
     ).scalar_one_or_none()
     return None if key is None else key.team
 

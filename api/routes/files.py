@@ -54,13 +54,18 @@ def upload_file(
     refused with every bad line (up to 20) and leaves nothing behind."""
     try:
         valid = validate_upload(
-            file.file, purpose=purpose, max_bytes=settings.MAX_UPLOAD_BYTES,
+            file.file,
+            purpose=purpose,
+            max_bytes=settings.MAX_UPLOAD_BYTES,
             max_line_bytes=settings.MAX_LINE_BYTES,
         )
     except UploadRejected as rejected:
-        raise api_error(rejected.status, rejected.message,
-                        field="file" if rejected.status == 413 else None,
-                        errors=rejected.errors or None) from None
+        raise api_error(
+            rejected.status,
+            rejected.message,
+            field="file" if rejected.status == 413 else None,
+            errors=rejected.errors or None,
+        ) from None
     filename = _display_name(file.filename)
     req_hash = request_hash({"purpose": purpose, "filename": filename, "sha256": valid.sha256})
     if (replayed := idem.replay(req_hash)) is not None:
@@ -73,9 +78,16 @@ def upload_file(
         if stored != valid.bytes:  # the spool file changed under us: refuse to publish it
             raise RuntimeError(f"stored {stored} bytes of a {valid.bytes}-byte upload")
         row = File(
-            id=file_id, team_id=team.id, filename=filename, purpose=purpose,
-            bytes=valid.bytes, sha256=valid.sha256, format=valid.format,
-            records=valid.records, status="processed", object_key=key,
+            id=file_id,
+            team_id=team.id,
+            filename=filename,
+            purpose=purpose,
+            bytes=valid.bytes,
+            sha256=valid.sha256,
+            format=valid.format,
+            records=valid.records,
+            status="processed",
+            object_key=key,
         )
         session.add(row)
         session.flush()
@@ -88,8 +100,15 @@ def upload_file(
     if winner is not None:  # a concurrent retry with the same key stored its file first
         store.delete(key)
         return winner
-    log.info("file uploaded", extra={"file_id": file_id, "bytes": valid.bytes,
-                                     "records": valid.records, "format": valid.format})
+    log.info(
+        "file uploaded",
+        extra={
+            "file_id": file_id,
+            "bytes": valid.bytes,
+            "records": valid.records,
+            "format": valid.format,
+        },
+    )
     return JSONResponse(body, status_code=201)
 
 
@@ -109,9 +128,12 @@ def list_files(
         query = query.where(File.id < after)
     rows = list(session.execute(query.order_by(File.id.desc()).limit(limit + 1)).scalars())
     data = [FileOut.of(r) for r in rows[:limit]]
-    return Page[FileOut](data=data, has_more=len(rows) > limit,
-                         first_id=data[0].id if data else None,
-                         last_id=data[-1].id if data else None)
+    return Page[FileOut](
+        data=data,
+        has_more=len(rows) > limit,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
 
 
 @router.get("/{file_id}", response_model=FileOut, responses=_ERRORS)
@@ -119,8 +141,9 @@ def get_file(file_id: str, team: CurrentTeam, session: SessionDep):
     return FileOut.of(_own_file(session, team.id, file_id))
 
 
-@router.get("/{file_id}/content", responses={200: {"content": {"application/jsonl": {}}},
-                                             **_ERRORS})
+@router.get(
+    "/{file_id}/content", responses={200: {"content": {"application/jsonl": {}}}, **_ERRORS}
+)
 def get_file_content(file_id: str, team: CurrentTeam, session: SessionDep, store: StoreDep):
     """The uploaded bytes, streamed."""
     row = _own_file(session, team.id, file_id)
@@ -132,8 +155,10 @@ def get_file_content(file_id: str, team: CurrentTeam, session: SessionDep, store
     return StreamingResponse(
         chunks,
         media_type="application/jsonl",
-        headers={"Content-Length": str(row.bytes),
-                 "Content-Disposition": f'attachment; filename="{row.id}.jsonl"'},
+        headers={
+            "Content-Length": str(row.bytes),
+            "Content-Disposition": f'attachment; filename="{row.id}.jsonl"',
+        },
     )
 
 
@@ -142,7 +167,8 @@ def delete_file(file_id: str, team: CurrentTeam, session: SessionDep, store: Sto
     """Delete a file and its bytes; refused (409) while an active job trains on it."""
     row = _own_file(session, team.id, file_id)
     busy = session.execute(
-        select(Job.id).where(Job.training_file_id == row.id, Job.status.in_(ACTIVE_STATUSES))
+        select(Job.id)
+        .where(Job.training_file_id == row.id, Job.status.in_(ACTIVE_STATUSES))
         .limit(1)
     ).scalar()
     if busy is not None:

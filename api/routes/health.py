@@ -24,7 +24,7 @@ def readyz(request: Request):
     try:
         with request.app.state.session_factory() as session:
             session.execute(text("SELECT 1"))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
         body = Health(status="unavailable", checks={"database": type(exc).__name__})
         return JSONResponse(body.model_dump(), status_code=503)
     return Health(checks={"database": "ok"})
@@ -32,5 +32,6 @@ def readyz(request: Request):
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(request: Request):
-    return Response(generate_latest(request.app.state.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )

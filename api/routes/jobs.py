@@ -51,8 +51,9 @@ def accepted_formats(spec: JobSpec) -> tuple[str, ...]:
     """Training-file formats an objective can learn from (the one place this is decided)."""
     if spec.data_source == "online":
         return ("prompt",)
-    return {"dpo": ("preference",), "grpo": ("preference",),
-            "kto": ("preference", "unpaired")}[spec.objective.name]
+    return {"dpo": ("preference",), "grpo": ("preference",), "kto": ("preference", "unpaired")}[
+        spec.objective.name
+    ]
 
 
 def get_owned_job(
@@ -76,11 +77,17 @@ def _check_metadata(metadata: dict[str, str], limit: int) -> None:
         raise api_error(422, f"at most {limit} metadata keys", field="metadata")
     for key, value in metadata.items():
         if not _META_KEY.match(key):
-            raise api_error(422, "metadata keys are 1-64 characters of A-Z a-z 0-9 _ . -",
-                            field=f"metadata.{key}")
+            raise api_error(
+                422,
+                "metadata keys are 1-64 characters of A-Z a-z 0-9 _ . -",
+                field=f"metadata.{key}",
+            )
         if len(value) > MAX_META_VALUE:
-            raise api_error(422, f"metadata values are at most {MAX_META_VALUE} characters",
-                            field=f"metadata.{key}")
+            raise api_error(
+                422,
+                f"metadata values are at most {MAX_META_VALUE} characters",
+                field=f"metadata.{key}",
+            )
 
 
 def _training_file(session: Session, team_id: str, spec: JobSpec) -> File:
@@ -88,11 +95,14 @@ def _training_file(session: Session, team_id: str, spec: JobSpec) -> File:
     if row is None or row.team_id != team_id:
         raise api_error(404, f"no file {spec.training_file!r}", field="training_file")
     if row.purpose != "train":
-        raise api_error(422, f"file {row.id} was uploaded with purpose {row.purpose!r}; "
-                             "training files need purpose 'train'", field="training_file")
+        raise api_error(
+            422,
+            f"file {row.id} was uploaded with purpose {row.purpose!r}; "
+            "training files need purpose 'train'",
+            field="training_file",
+        )
     if row.status != "processed":
-        raise api_error(422, f"file {row.id} is {row.status}, not processed",
-                        field="training_file")
+        raise api_error(422, f"file {row.id} is {row.status}, not processed", field="training_file")
     formats = accepted_formats(spec)
     if row.format not in formats:
         raise api_error(
@@ -120,16 +130,26 @@ def create_job(
     if (replayed := idem.replay(req_hash)) is not None:
         return replayed
     if spec.base_model not in settings.allowed_base_models:
-        raise api_error(422, f"unknown base_model {spec.base_model!r}; one of "
-                             f"{', '.join(settings.allowed_base_models)}", field="base_model")
+        raise api_error(
+            422,
+            f"unknown base_model {spec.base_model!r}; one of "
+            f"{', '.join(settings.allowed_base_models)}",
+            field="base_model",
+        )
     _check_metadata(spec.metadata, settings.MAX_METADATA_KEYS)
     training_file = _training_file(session, team.id, spec)
     if job_states.active_job_count(session, team.id) >= settings.MAX_JOBS_PER_TEAM:
-        raise api_error(429, f"at most {settings.MAX_JOBS_PER_TEAM} active jobs per team; "
-                             "wait for one to finish or cancel one")
+        raise api_error(
+            429,
+            f"at most {settings.MAX_JOBS_PER_TEAM} active jobs per team; "
+            "wait for one to finish or cancel one",
+        )
     job = job_states.create_job(
-        session, team_id=team.id, spec=spec.model_dump(mode="json"),
-        metadata=spec.metadata, training_file_id=training_file.id,
+        session,
+        team_id=team.id,
+        spec=spec.model_dump(mode="json"),
+        metadata=spec.metadata,
+        training_file_id=training_file.id,
     )
     body = JobOut.of(job).model_dump(mode="json")
     if (winner := idem.commit(req_hash, 201, body)) is not None:
@@ -160,16 +180,20 @@ def list_jobs(
             continue
         key = match.group(1)
         if not _META_KEY.match(key):
-            raise api_error(422, "metadata keys are 1-64 characters of A-Z a-z 0-9 _ . -",
-                            field=name)
+            raise api_error(
+                422, "metadata keys are 1-64 characters of A-Z a-z 0-9 _ . -", field=name
+            )
         query = query.where(Job.meta[key].as_string() == value)
     if after is not None:
         query = query.where(Job.id < after)
     rows = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).scalars())
     data = [JobOut.of(r) for r in rows[:limit]]
-    return Page[JobOut](data=data, has_more=len(rows) > limit,
-                        first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+    return Page[JobOut](
+        data=data,
+        has_more=len(rows) > limit,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=_ERRORS)
@@ -203,14 +227,21 @@ def list_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ):
     """Oldest first."""
-    rows = list(session.execute(
-        select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.seq > after)
-        .order_by(JobEvent.seq).limit(limit + 1)
-    ).scalars())
+    rows = list(
+        session.execute(
+            select(JobEvent)
+            .where(JobEvent.job_id == job.id, JobEvent.seq > after)
+            .order_by(JobEvent.seq)
+            .limit(limit + 1)
+        ).scalars()
+    )
     data = [EventOut.of(r) for r in rows[:limit]]
-    return Page[EventOut](data=data, has_more=len(rows) > limit,
-                          first_id=data[0].seq if data else None,
-                          last_id=data[-1].seq if data else None)
+    return Page[EventOut](
+        data=data,
+        has_more=len(rows) > limit,
+        first_id=data[0].seq if data else None,
+        last_id=data[-1].seq if data else None,
+    )
 
 
 def _poll(factory: sessionmaker[Session], job_id: str, after: int) -> tuple[str, list[EventOut]]:
@@ -218,8 +249,10 @@ def _poll(factory: sessionmaker[Session], job_id: str, after: int) -> tuple[str,
         # Status first: when it is terminal, its event is already committed and read below.
         status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
         rows = session.execute(
-            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after)
-            .order_by(JobEvent.seq).limit(SSE_BATCH)
+            select(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.seq > after)
+            .order_by(JobEvent.seq)
+            .limit(SSE_BATCH)
         ).scalars()
         return status, [EventOut.of(r) for r in rows]
 
@@ -229,8 +262,9 @@ def _sse(event: str, data: Any, id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
-@router.get("/{job_id}/events/stream", responses={
-    200: {"content": {"text/event-stream": {}}}, **_ERRORS})
+@router.get(
+    "/{job_id}/events/stream", responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS}
+)
 async def stream_events(
     job: OwnedJob,
     request: Request,
@@ -268,8 +302,11 @@ async def stream_events(
                 yield ": keepalive\n\n"
             await asyncio.sleep(settings.SSE_POLL_SECONDS)
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPage, responses=_ERRORS)
@@ -298,26 +335,35 @@ def list_checkpoints(job: OwnedJob, session: SessionDep):
         select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)
     ).scalars()
     data = [CheckpointOut.of(r) for r in rows]
-    return Page[CheckpointOut](data=data, has_more=False,
-                               first_id=data[0].step if data else None,
-                               last_id=data[-1].step if data else None)
+    return Page[CheckpointOut](
+        data=data,
+        has_more=False,
+        first_id=data[0].step if data else None,
+        last_id=data[-1].step if data else None,
+    )
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
-@router.get("/{job_id}/checkpoints/{step}/download", status_code=200, responses={
-    200: {"content": {"application/octet-stream": {}}},
-    307: {"description": "Redirect to a presigned object-store URL (S3)."},
-    **_ERRORS})
+@router.get(
+    "/{job_id}/checkpoints/{step}/download",
+    status_code=200,
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        307: {"description": "Redirect to a presigned object-store URL (S3)."},
+        **_ERRORS,
+    },
+)
 def download_checkpoint_file(
     job: OwnedJob,
     session: SessionDep,
     store: StoreDep,
     settings: SettingsDep,
     step: Annotated[int, Path(ge=0)],
-    file: Annotated[str, Query(min_length=1, max_length=255,
-                               description="A name from the checkpoint's files.")],
+    file: Annotated[
+        str, Query(min_length=1, max_length=255, description="A name from the checkpoint's files.")
+    ],
 ):
     """One file of a checkpoint: a redirect to a presigned URL on S3, streamed otherwise.
     Only names that exist under the checkpoint's prefix are served (no path tricks)."""
@@ -327,16 +373,21 @@ def download_checkpoint_file(
     if ckpt is None:
         raise api_error(404, f"job {job.id} has no checkpoint at step {step}", field="step")
     prefix = ckpt.object_prefix
-    names = {k[len(prefix):] if k.startswith(prefix) else k for k in store.list(prefix)}
+    names = {k.removeprefix(prefix) for k in store.list(prefix)}
     if file not in names:
-        raise api_error(404, f"checkpoint step {step} has no file {file!r}; it has "
-                             f"{', '.join(sorted(names)[:20]) or 'no files'}", field="file")
+        raise api_error(
+            404,
+            f"checkpoint step {step} has no file {file!r}; it has "
+            f"{', '.join(sorted(names)[:20]) or 'no files'}",
+            field="file",
+        )
     key = prefix + file
     url = store.presigned_url(key, expires=settings.PRESIGN_SECONDS)
     if url:
         return RedirectResponse(url, status_code=307)
     download_name = _SAFE_NAME.sub("_", file.rsplit("/", 1)[-1]) or "file"
     return StreamingResponse(
-        store.get_stream(key), media_type="application/octet-stream",
+        store.get_stream(key),
+        media_type="application/octet-stream",
         headers={"Content-Disposition": f'attachment; filename="{download_name}"'},
     )

@@ -29,7 +29,8 @@ class RecordingQueue:
     def enqueue(self, job_id: str) -> None:
         with self.sessions() as s:  # a different session: sees committed rows only
             self.seen_status[job_id] = s.execute(
-                select(Job.status).where(Job.id == job_id)).scalar_one()
+                select(Job.status).where(Job.id == job_id)
+            ).scalar_one()
         self.job_ids.append(job_id)
 
 
@@ -99,18 +100,25 @@ def jsonl(rows: list[dict]) -> bytes:
     return ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
 
 
-PREFERENCE = jsonl([{"prompt": f"Q{i}?", "chosen": "good", "rejected": "bad"}
-                    for i in range(4)])
-UNPAIRED = jsonl([{"prompt": f"Q{i}?", "completion": "A", "label": i % 2 == 0}
-                  for i in range(4)])
+PREFERENCE = jsonl([{"prompt": f"Q{i}?", "chosen": "good", "rejected": "bad"} for i in range(4)])
+UNPAIRED = jsonl([{"prompt": f"Q{i}?", "completion": "A", "label": i % 2 == 0} for i in range(4)])
 EVAL_MATH = jsonl([{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": 4}])
 
 
-def upload(client, team: TeamClient, content: bytes = PREFERENCE, purpose: str = "train",
-           filename: str = "data.jsonl", headers: dict | None = None):
-    return client.post("/v1/files", headers={**team.headers, **(headers or {})},
-                       files={"file": (filename, content, "application/jsonl")},
-                       data={"purpose": purpose})
+def upload(
+    client,
+    team: TeamClient,
+    content: bytes = PREFERENCE,
+    purpose: str = "train",
+    filename: str = "data.jsonl",
+    headers: dict | None = None,
+):
+    return client.post(
+        "/v1/files",
+        headers={**team.headers, **(headers or {})},
+        files={"file": (filename, content, "application/jsonl")},
+        data={"purpose": purpose},
+    )
 
 
 def stored_objects(store) -> list[str]:
@@ -127,5 +135,4 @@ def train_file(client, team_a) -> str:
 
 
 def job_body(file_id: str, **overrides) -> dict:
-    return {"base_model": "tiny-llama", "training_file": file_id, "objective": "dpo",
-            **overrides}
+    return {"base_model": "tiny-llama", "training_file": file_id, "objective": "dpo", **overrides}

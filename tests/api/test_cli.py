@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from api import deps
 from api.cli import app, start_embedded_worker
-from models.settings import Settings, get_settings
 from models.db import make_session_factory
+from models.settings import Settings, get_settings
 from models.teams import team_for_key
 
 
@@ -52,10 +52,14 @@ def test_settings_come_from_the_environment(monkeypatch):
     assert settings.MAX_UPLOAD_BYTES == 1000 and settings.allowed_base_models == ("a", "b")
     defaults = Settings(_env_file=None, BROKER_URL="memory://")
     assert defaults.embedded_worker
-    s3 = Settings(S3_ENDPOINT_URL="http://s3:9000", AWS_ACCESS_KEY_ID="k",
-                  AWS_SECRET_ACCESS_KEY="s")
-    assert s3.storage_options() == {"endpoint_url": "http://s3:9000",
-                                    "aws_access_key_id": "k", "aws_secret_access_key": "s"}
+    s3 = Settings(
+        S3_ENDPOINT_URL="http://s3:9000", AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s"
+    )
+    assert s3.storage_options() == {
+        "endpoint_url": "http://s3:9000",
+        "aws_access_key_id": "k",
+        "aws_secret_access_key": "s",
+    }
     assert "AWS_SECRET_ACCESS_KEY" not in repr(s3)  # never printed with the settings
 
 
@@ -111,7 +115,7 @@ def test_celery_queue_reaches_a_real_redis_broker():
     client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
     try:
         client.ping()
-    except Exception:
+    except Exception:  # noqa: BLE001
         pytest.skip("no Redis on 127.0.0.1:6379")
     name = "humanline-test-queue"
     client.delete(name)

@@ -31,7 +31,11 @@ def test_upload_validates_stores_and_describes_the_file(client, team_a, store, d
     body = r.json()
     assert body["id"].startswith("file-") and body["object"] == "file"
     assert (body["purpose"], body["format"], body["records"], body["status"]) == (
-        "train", "preference", 4, "processed")
+        "train",
+        "preference",
+        4,
+        "processed",
+    )
     assert body["bytes"] == len(PREFERENCE)
     assert body["sha256"] == hashlib.sha256(PREFERENCE).hexdigest()
     assert body["filename"] == "passwd.jsonl"  # display only, never a path
@@ -41,18 +45,30 @@ def test_upload_validates_stores_and_describes_the_file(client, team_a, store, d
     assert content.status_code == 200 and content.content == PREFERENCE
 
 
-@pytest.mark.parametrize("content,purpose,fmt", [
-    (UNPAIRED, "train", "unpaired"),
-    (jsonl([{"prompt": "p", "answer": 3, "extra": 1}]), "train", "prompt"),
-    (EVAL_MATH, "eval", "eval_math"),
-    (jsonl([{"instruction": "i", "output": "o"}]), "eval", "eval_instruction"),
-    (jsonl([{"input": {"messages": [{"role": "user", "content": "hi"}]},
-             "preferred_output": [{"role": "assistant", "content": "a"}],
-             "non_preferred_output": [{"role": "assistant", "content": "b"}]}]),
-     "train", "preference"),
-    (b"\xef\xbb\xbf" + PREFERENCE.replace(b"\n", b"\r\n"), "train", "preference"),  # BOM, CRLF
-    (PREFERENCE.rstrip(b"\n"), "train", "preference"),  # no final newline
-])
+@pytest.mark.parametrize(
+    "content,purpose,fmt",
+    [
+        (UNPAIRED, "train", "unpaired"),
+        (jsonl([{"prompt": "p", "answer": 3, "extra": 1}]), "train", "prompt"),
+        (EVAL_MATH, "eval", "eval_math"),
+        (jsonl([{"instruction": "i", "output": "o"}]), "eval", "eval_instruction"),
+        (
+            jsonl(
+                [
+                    {
+                        "input": {"messages": [{"role": "user", "content": "hi"}]},
+                        "preferred_output": [{"role": "assistant", "content": "a"}],
+                        "non_preferred_output": [{"role": "assistant", "content": "b"}],
+                    }
+                ]
+            ),
+            "train",
+            "preference",
+        ),
+        (b"\xef\xbb\xbf" + PREFERENCE.replace(b"\n", b"\r\n"), "train", "preference"),  # BOM, CRLF
+        (PREFERENCE.rstrip(b"\n"), "train", "preference"),  # no final newline
+    ],
+)
 def test_other_valid_formats(client, team_a, content, purpose, fmt):
     r = upload(client, team_a, content, purpose=purpose)
     assert r.status_code == 201, r.text
@@ -76,30 +92,57 @@ BAD_UPLOADS = {
     "malformed json": (GOOD + b'\n{"prompt": "p", "chosen": \n', "train", 422, 2, "(json)"),
     "not an object": (b'["prompt", "chosen"]\n', "train", 422, 1, "(json)"),
     "wrong columns": (b'{"question": "q", "response": "r"}\n', "train", 422, 1, "(columns)"),
-    "empty string": (GOOD + b'\n{"prompt": "p", "chosen": " ", "rejected": "b"}\n', "train",
-                     422, 2, "chosen"),
-    "wrong type": (b'{"prompt": "p", "completion": "c", "label": "yes"}\n', "train", 422, 1,
-                   "label"),
-    "mixed formats": (GOOD + b'\n{"prompt": "p", "completion": "c", "label": true}\n',
-                      "train", 422, 2, "(columns)"),
-    "non utf-8": (GOOD + b'\n{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}\n', "train",
-                  422, 2, "(line)"),
-    "line over the limit": (GOOD + b"\n" + _long_line() + b"\n" + GOOD, "train", 422, 2,
-                            "(line)"),
+    "empty string": (
+        GOOD + b'\n{"prompt": "p", "chosen": " ", "rejected": "b"}\n',
+        "train",
+        422,
+        2,
+        "chosen",
+    ),
+    "wrong type": (
+        b'{"prompt": "p", "completion": "c", "label": "yes"}\n',
+        "train",
+        422,
+        1,
+        "label",
+    ),
+    "mixed formats": (
+        GOOD + b'\n{"prompt": "p", "completion": "c", "label": true}\n',
+        "train",
+        422,
+        2,
+        "(columns)",
+    ),
+    "non utf-8": (
+        GOOD + b'\n{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}\n',
+        "train",
+        422,
+        2,
+        "(line)",
+    ),
+    "line over the limit": (GOOD + b"\n" + _long_line() + b"\n" + GOOD, "train", 422, 2, "(line)"),
     "empty file": (b"", "train", 422, 1, "(file)"),
     "only blank lines": (b"\n\n  \n", "train", 422, None, "(file)"),
     "eval data as train": (EVAL_MATH, "train", 422, 1, "(columns)"),
     "train data as eval": (PREFERENCE, "eval", 422, 1, "(columns)"),
-    "bad message role": (b'{"prompt": [{"role": "robot", "content": "x"}], '
-                         b'"chosen": [{"role": "assistant", "content": "a"}], '
-                         b'"rejected": [{"role": "assistant", "content": "b"}]}', "train", 422,
-                         1, "prompt[0].role"),
+    "bad message role": (
+        (
+            b'{"prompt": [{"role": "robot", "content": "x"}], '
+            b'"chosen": [{"role": "assistant", "content": "a"}], '
+            b'"rejected": [{"role": "assistant", "content": "b"}]}'
+        ),
+        "train",
+        422,
+        1,
+        "prompt[0].role",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_UPLOADS))
 def test_bad_uploads_are_refused_with_line_and_field_and_leave_nothing(
-        client, team_a, store, db_sessions, case):
+    client, team_a, store, db_sessions, case
+):
     content, purpose, status, line, field = BAD_UPLOADS[case]
     r = upload(client, team_a, content, purpose=purpose)
     assert r.status_code == status, r.text
@@ -120,8 +163,9 @@ def test_many_bad_lines_are_reported_up_to_a_cap(client, team_a):
     assert [e["line"] for e in errors] == list(range(1, 21))
 
 
-def test_upload_over_the_size_limit_is_413_and_leaves_nothing(client, team_a, store,
-                                                             db_sessions, settings):
+def test_upload_over_the_size_limit_is_413_and_leaves_nothing(
+    client, team_a, store, db_sessions, settings
+):
     rows, size = [], 0
     while size <= settings.MAX_UPLOAD_BYTES:
         rows.append({"prompt": "p" * 200, "chosen": "a", "rejected": "b"})
@@ -138,11 +182,14 @@ def test_body_far_over_the_limit_is_refused_from_content_length(client, team_a, 
     assert r.status_code == 413 and r.json()["error"]["request_id"]
 
 
-@pytest.mark.parametrize("data,files,field", [
-    ({"purpose": "finetune"}, {"file": ("a.jsonl", PREFERENCE)}, "purpose"),
-    ({}, {"file": ("a.jsonl", PREFERENCE)}, "purpose"),
-    ({"purpose": "train"}, None, "file"),
-])
+@pytest.mark.parametrize(
+    "data,files,field",
+    [
+        ({"purpose": "finetune"}, {"file": ("a.jsonl", PREFERENCE)}, "purpose"),
+        ({}, {"file": ("a.jsonl", PREFERENCE)}, "purpose"),
+        ({"purpose": "train"}, None, "file"),
+    ],
+)
 def test_bad_form_fields_are_422_with_the_field(client, team_a, data, files, field):
     r = client.post("/v1/files", headers=team_a.headers, data=data, files=files)
     assert r.status_code == 422, r.text
@@ -169,8 +216,7 @@ def test_list_is_paginated_newest_first_and_filterable(client, team_a, team_b):
 def test_delete_removes_row_and_object(client, team_a, store):
     file_id = upload(client, team_a).json()["id"]
     r = client.delete(f"/v1/files/{file_id}", headers=team_a.headers)
-    assert r.status_code == 200 and r.json() == {"id": file_id, "object": "file",
-                                                 "deleted": True}
+    assert r.status_code == 200 and r.json() == {"id": file_id, "object": "file", "deleted": True}
     assert client.get(f"/v1/files/{file_id}", headers=team_a.headers).status_code == 404
     assert stored_objects(store) == []
     assert client.delete(f"/v1/files/{file_id}", headers=team_a.headers).status_code == 404
@@ -188,9 +234,11 @@ def test_a_file_in_use_by_an_active_job_cannot_be_deleted(client, team_a, train_
 
 
 def test_teams_cannot_see_or_touch_each_others_files(client, team_a, team_b, train_file):
-    for method, path in [("GET", f"/v1/files/{train_file}"),
-                         ("GET", f"/v1/files/{train_file}/content"),
-                         ("DELETE", f"/v1/files/{train_file}")]:
+    for method, path in [
+        ("GET", f"/v1/files/{train_file}"),
+        ("GET", f"/v1/files/{train_file}/content"),
+        ("DELETE", f"/v1/files/{train_file}"),
+    ]:
         r = client.request(method, path, headers=team_b.headers)
         assert r.status_code == 404, (method, path)
     assert client.get("/v1/files", headers=team_b.headers).json()["data"] == []
@@ -218,8 +266,7 @@ def test_missing_object_content_is_404(client, team_a, store, train_file):
     assert r.status_code == 404
 
 
-def test_store_outage_is_503_and_leaves_no_row(client, team_a, store, db_sessions,
-                                               monkeypatch):
+def test_store_outage_is_503_and_leaves_no_row(client, team_a, store, db_sessions, monkeypatch):
     from storage import StorageUnavailableError
 
     def down(key, chunks):
@@ -232,8 +279,9 @@ def test_store_outage_is_503_and_leaves_no_row(client, team_a, store, db_session
     assert _file_rows(db_sessions) == 0
 
 
-def test_a_failure_after_storing_removes_the_object(client, team_a, store, db_sessions,
-                                                    monkeypatch):
+def test_a_failure_after_storing_removes_the_object(
+    client, team_a, store, db_sessions, monkeypatch
+):
     from api.routes import files as files_route
 
     def broken(row):
@@ -242,6 +290,9 @@ def test_a_failure_after_storing_removes_the_object(client, team_a, store, db_se
     monkeypatch.setattr(files_route.FileOut, "of", broken)
     r = upload(client, team_a)
     assert r.status_code == 500
-    assert r.json()["error"] == {"message": "internal server error", "type": "internal_error",
-                                 "request_id": r.headers["x-request-id"]}
+    assert r.json()["error"] == {
+        "message": "internal server error",
+        "type": "internal_error",
+        "request_id": r.headers["x-request-id"],
+    }
     assert _file_rows(db_sessions) == 0 and stored_objects(store) == []

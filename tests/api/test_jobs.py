@@ -42,11 +42,20 @@ def _finish(db_sessions, job_id, status="succeeded", worker="w1"):
 
 
 def test_create_commits_a_queued_job_then_enqueues_it(client, team_a, train_file, queue):
-    job = _create(client, team_a, train_file, variant="offline+humanline",
-                  metadata={"experiment": "e1"}, max_steps=3)
+    job = _create(
+        client,
+        team_a,
+        train_file,
+        variant="offline+humanline",
+        metadata={"experiment": "e1"},
+        max_steps=3,
+    )
     assert job["status"] == "queued" and job["object"] == "job"
     assert (job["objective"], job["variant"], job["training_file"]) == (
-        "dpo", "offline+humanline", train_file)
+        "dpo",
+        "offline+humanline",
+        train_file,
+    )
     assert job["metadata"] == {"experiment": "e1"}
     assert job["spec"]["humanline"] is True and job["spec"]["max_steps"] == 3
     assert queue.job_ids == [job["id"]]
@@ -62,25 +71,32 @@ def test_kto_accepts_unpaired_data(client, team_a):
     assert _create(client, team_a, file_id, objective={"name": "kto"})["objective"] == "kto"
 
 
-@pytest.mark.parametrize("overrides,status,field", [
-    ({"objective": "ppo"}, 422, "objective"),
-    ({"objective": {"name": "dpo", "beta": -1}}, 422, "objective.dpo.beta"),
-    ({"humanline": True, "humanline_params": {"log_eps_P": 1.0, "log_eps_R": -1.0}}, 422,
-     "humanline_params"),
-    ({"humanline_params": {"sync_every": 0}}, 422, "humanline_params.sync_every"),
-    ({"learning_rate": 1e-5}, 422, "learning_rate"),
-    ({"variant": "sideways"}, 422, None),
-    ({"base_model": ""}, 422, "base_model"),
-    ({"base_model": "/etc/models/llama"}, 422, "base_model"),
-    ({"base_model": "../../somebody-else/checkpoint"}, 422, "base_model"),
-    ({"training_file": "file-doesnotexist"}, 404, "training_file"),
-    ({"metadata": {"bad key!": "x"}}, 422, "metadata.bad key!"),
-    ({"metadata": {"k": "v" * 600}}, 422, "metadata.k"),
-    ({"metadata": {f"k{i}": "v" for i in range(17)}}, 422, "metadata"),
-    ({"metadata": {"k": 3}}, 422, "metadata.k"),
-])
-def test_bad_specs_are_rejected_with_the_field(client, team_a, train_file, queue,
-                                               db_sessions, overrides, status, field):
+@pytest.mark.parametrize(
+    "overrides,status,field",
+    [
+        ({"objective": "ppo"}, 422, "objective"),
+        ({"objective": {"name": "dpo", "beta": -1}}, 422, "objective.dpo.beta"),
+        (
+            {"humanline": True, "humanline_params": {"log_eps_P": 1.0, "log_eps_R": -1.0}},
+            422,
+            "humanline_params",
+        ),
+        ({"humanline_params": {"sync_every": 0}}, 422, "humanline_params.sync_every"),
+        ({"learning_rate": 1e-5}, 422, "learning_rate"),
+        ({"variant": "sideways"}, 422, None),
+        ({"base_model": ""}, 422, "base_model"),
+        ({"base_model": "/etc/models/llama"}, 422, "base_model"),
+        ({"base_model": "../../somebody-else/checkpoint"}, 422, "base_model"),
+        ({"training_file": "file-doesnotexist"}, 404, "training_file"),
+        ({"metadata": {"bad key!": "x"}}, 422, "metadata.bad key!"),
+        ({"metadata": {"k": "v" * 600}}, 422, "metadata.k"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, 422, "metadata"),
+        ({"metadata": {"k": 3}}, 422, "metadata.k"),
+    ],
+)
+def test_bad_specs_are_rejected_with_the_field(
+    client, team_a, train_file, queue, db_sessions, overrides, status, field
+):
     r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, **overrides))
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -90,7 +106,8 @@ def test_bad_specs_are_rejected_with_the_field(client, team_a, train_file, queue
 
 
 def test_training_file_must_be_the_teams_train_file_of_a_matching_format(
-        client, team_a, team_b, train_file, db_sessions):
+    client, team_a, team_b, train_file, db_sessions
+):
     other = upload(client, team_b).json()["id"]
     r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(other))
     assert r.status_code == 404 and r.json()["error"]["field"] == "training_file"
@@ -99,8 +116,9 @@ def test_training_file_must_be_the_teams_train_file_of_a_matching_format(
     assert r.status_code == 422 and "purpose" in r.json()["error"]["message"]
     unpaired = upload(client, team_a, UNPAIRED).json()["id"]
     for objective in ("dpo", "grpo"):
-        r = client.post("/v1/jobs", headers=team_a.headers,
-                        json=job_body(unpaired, objective=objective))
+        r = client.post(
+            "/v1/jobs", headers=team_a.headers, json=job_body(unpaired, objective=objective)
+        )
         assert r.status_code == 422 and r.json()["error"]["field"] == "training_file"
         assert "preference" in r.json()["error"]["message"]
     assert _job_rows(db_sessions) == 0
@@ -108,20 +126,25 @@ def test_training_file_must_be_the_teams_train_file_of_a_matching_format(
 
 @pytest.mark.parametrize("body", ["not json", "[1, 2]", "{", ""])
 def test_malformed_bodies_are_4xx_never_500(client, team_a, body):
-    r = client.post("/v1/jobs", headers={**team_a.headers, "Content-Type": "application/json"},
-                    content=body)
+    r = client.post(
+        "/v1/jobs", headers={**team_a.headers, "Content-Type": "application/json"}, content=body
+    )
     assert r.status_code == 422, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_oversized_json_body_is_413(client, team_a, train_file):
-    r = client.post("/v1/jobs", headers=team_a.headers,
-                    json=job_body(train_file, metadata={"k": "x" * (2 << 20)}))
+    r = client.post(
+        "/v1/jobs",
+        headers=team_a.headers,
+        json=job_body(train_file, metadata={"k": "x" * (2 << 20)}),
+    )
     assert r.status_code == 413
 
 
-def test_active_jobs_per_team_are_limited(client, team_a, team_b, train_file, settings,
-                                          db_sessions):
+def test_active_jobs_per_team_are_limited(
+    client, team_a, team_b, train_file, settings, db_sessions
+):
     ids = [_create(client, team_a, train_file)["id"] for _ in range(settings.MAX_JOBS_PER_TEAM)]
     r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file))
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
@@ -134,8 +157,7 @@ def test_active_jobs_per_team_are_limited(client, team_a, team_b, train_file, se
 # --- idempotency ---------------------------------------------------------------------------
 
 
-def test_idempotent_create_returns_the_original_job(client, team_a, train_file, queue,
-                                                    db_sessions):
+def test_idempotent_create_returns_the_original_job(client, team_a, train_file, queue, db_sessions):
     key = {**team_a.headers, "Idempotency-Key": "create-1"}
     first = client.post("/v1/jobs", headers=key, json=job_body(train_file))
     again = client.post("/v1/jobs", headers=key, json=job_body(train_file))
@@ -151,21 +173,27 @@ def test_idempotent_create_returns_the_original_job(client, team_a, train_file, 
 
 
 def test_idempotency_key_is_per_path(client, team_a, train_file):
-    job = client.post("/v1/jobs", headers={**team_a.headers, "Idempotency-Key": "k"},
-                      json=job_body(train_file)).json()
-    r = client.post(f"/v1/jobs/{job['id']}/cancel",
-                    headers={**team_a.headers, "Idempotency-Key": "k"})
+    job = client.post(
+        "/v1/jobs", headers={**team_a.headers, "Idempotency-Key": "k"}, json=job_body(train_file)
+    ).json()
+    r = client.post(
+        f"/v1/jobs/{job['id']}/cancel", headers={**team_a.headers, "Idempotency-Key": "k"}
+    )
     assert r.status_code == 409
 
 
 def test_bad_idempotency_key_is_400(client, team_a, train_file):
-    r = client.post("/v1/jobs", headers={**team_a.headers, "Idempotency-Key": "x" * 300},
-                    json=job_body(train_file))
+    r = client.post(
+        "/v1/jobs",
+        headers={**team_a.headers, "Idempotency-Key": "x" * 300},
+        json=job_body(train_file),
+    )
     assert r.status_code == 400 and r.json()["error"]["field"] == "Idempotency-Key"
 
 
-def test_concurrent_retries_with_one_key_create_one_job(client, team_a, train_file, queue,
-                                                        db_sessions):
+def test_concurrent_retries_with_one_key_create_one_job(
+    client, team_a, train_file, queue, db_sessions
+):
     headers = {**team_a.headers, "Idempotency-Key": "race"}
 
     def post(_):
@@ -182,8 +210,9 @@ def test_concurrent_retries_with_one_key_create_one_job(client, team_a, train_fi
     assert _job_rows(db_sessions) == 1 and len(queue.job_ids) == 1
 
 
-def test_idempotency_loses_the_race_gracefully(client, team_a, train_file, db_sessions,
-                                               monkeypatch):
+def test_idempotency_loses_the_race_gracefully(
+    client, team_a, train_file, db_sessions, monkeypatch
+):
     """Between our lookup and our commit another request with the key commits first."""
     from api import deps
 
@@ -195,17 +224,26 @@ def test_idempotency_loses_the_race_gracefully(client, team_a, train_file, db_se
         if calls["n"] == 1:  # our first lookup finds nothing; a rival then wins
             with db_sessions() as s:
                 job = job_states.create_job(s, team_id=team_a.id, spec={"objective": {}})
-                s.add(deps.IdempotencyKey(
-                    team_id=team_a.id, key="raced", method_path="POST /v1/jobs",
-                    request_hash=req_hash, response_status=201,
-                    response_body={"id": job.id, "winner": True}))
+                s.add(
+                    deps.IdempotencyKey(
+                        team_id=team_a.id,
+                        key="raced",
+                        method_path="POST /v1/jobs",
+                        request_hash=req_hash,
+                        response_status=201,
+                        response_body={"id": job.id, "winner": True},
+                    )
+                )
                 s.commit()
             return None
         return original(self, req_hash)
 
     monkeypatch.setattr(deps.Idempotency, "replay", replay)
-    r = client.post("/v1/jobs", headers={**team_a.headers, "Idempotency-Key": "raced"},
-                    json=job_body(train_file))
+    r = client.post(
+        "/v1/jobs",
+        headers={**team_a.headers, "Idempotency-Key": "raced"},
+        json=job_body(train_file),
+    )
     assert r.status_code == 201 and r.json()["winner"] is True
     assert _job_rows(db_sessions) == 1  # ours was rolled back
 
@@ -214,8 +252,10 @@ def test_idempotency_loses_the_race_gracefully(client, team_a, train_file, db_se
 
 
 def test_list_paginates_and_filters(client, team_a, team_b, train_file, db_sessions):
-    ids = [_create(client, team_a, train_file, metadata={"sweep": "a" if i % 2 else "b"})["id"]
-           for i in range(5)]
+    ids = [
+        _create(client, team_a, train_file, metadata={"sweep": "a" if i % 2 else "b"})["id"]
+        for i in range(5)
+    ]
     _create(client, team_b, upload(client, team_b).json()["id"])
     pages, after = [], None
     while True:
@@ -226,14 +266,14 @@ def test_list_paginates_and_filters(client, team_a, team_b, train_file, db_sessi
             break
         after = page["last_id"]
     assert pages == [ids[4:2:-1], ids[2:0:-1], ids[0:1]]
-    by_meta = client.get("/v1/jobs", headers=team_a.headers,
-                         params={"metadata[sweep]": "a"}).json()
+    by_meta = client.get("/v1/jobs", headers=team_a.headers, params={"metadata[sweep]": "a"}).json()
     assert [j["id"] for j in by_meta["data"]] == [ids[3], ids[1]]
     client.post(f"/v1/jobs/{ids[2]}/cancel", headers=team_a.headers)
     cancelled = client.get("/v1/jobs?status=cancelled", headers=team_a.headers).json()
     assert [j["id"] for j in cancelled["data"]] == [ids[2]]
-    both = client.get("/v1/jobs", headers=team_a.headers,
-                      params={"status": "queued", "metadata[sweep]": "b"}).json()
+    both = client.get(
+        "/v1/jobs", headers=team_a.headers, params={"status": "queued", "metadata[sweep]": "b"}
+    ).json()
     assert [j["id"] for j in both["data"]] == [ids[4], ids[0]]
     bad = client.get("/v1/jobs", headers=team_a.headers, params={"metadata[a b]": "x"})
     assert bad.status_code == 422
@@ -254,14 +294,15 @@ def test_cancel_transitions(client, team_a, train_file, db_sessions):
     _claim(db_sessions, running)
     r = client.post(f"/v1/jobs/{running}/cancel", headers=team_a.headers)
     assert r.json()["status"] == "cancelling"
-    assert client.post(f"/v1/jobs/{running}/cancel",
-                       headers=team_a.headers).json()["status"] == "cancelling"
+    assert (
+        client.post(f"/v1/jobs/{running}/cancel", headers=team_a.headers).json()["status"]
+        == "cancelling"
+    )
     with db_sessions() as s:
         assert job_states.heartbeat(s, running, "w1", 60) == "cancelling"
         assert job_states.finish(s, running, "w1", "cancelled")
         s.commit()
-    assert client.get(f"/v1/jobs/{running}",
-                      headers=team_a.headers).json()["status"] == "cancelled"
+    assert client.get(f"/v1/jobs/{running}", headers=team_a.headers).json()["status"] == "cancelled"
 
     done = _create(client, team_a, train_file)["id"]
     _claim(db_sessions, done)
@@ -289,12 +330,18 @@ def test_events_paginate_by_seq(client, team_a, train_file, db_sessions):
         s.commit()
     page = client.get(f"/v1/jobs/{job_id}/events?limit=3", headers=team_a.headers).json()
     assert [e["seq"] for e in page["data"]] == [1, 2, 3] and page["has_more"]
-    rest = client.get(f"/v1/jobs/{job_id}/events", headers=team_a.headers,
-                      params={"after": page["last_id"]}).json()
+    rest = client.get(
+        f"/v1/jobs/{job_id}/events", headers=team_a.headers, params={"after": page["last_id"]}
+    ).json()
     assert [e["seq"] for e in rest["data"]] == [4, 5, 6, 7] and not rest["has_more"]
     assert rest["data"][-1] | {"created_at": None} == {
-        "seq": 7, "object": "job.event", "kind": "log", "message": "line 4",
-        "data": {"i": 4}, "created_at": None}
+        "seq": 7,
+        "object": "job.event",
+        "kind": "log",
+        "message": "line 4",
+        "data": {"i": 4},
+        "created_at": None,
+    }
 
 
 def _parse_sse(text: str) -> list[dict]:
@@ -311,8 +358,9 @@ def _parse_sse(text: str) -> list[dict]:
     return out
 
 
-def test_event_stream_follows_the_job_and_ends_when_it_is_terminal(client, team_a, train_file,
-                                                                    db_sessions):
+def test_event_stream_follows_the_job_and_ends_when_it_is_terminal(
+    client, team_a, train_file, db_sessions
+):
     job_id = _create(client, team_a, train_file)["id"]
 
     def run_the_job():
@@ -330,8 +378,7 @@ def test_event_stream_follows_the_job_and_ends_when_it_is_terminal(client, team_
     worker.join()
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = _parse_sse(r.text)
-    assert [e["event"] for e in events] == ["created", "status", "status", "log", "status",
-                                            "end"]
+    assert [e["event"] for e in events] == ["created", "status", "status", "log", "status", "end"]
     assert [e.get("id") for e in events[:-1]] == ["1", "2", "3", "4", "5"]
     assert '"status": "succeeded"' in events[-1]["data"]
 
@@ -339,8 +386,9 @@ def test_event_stream_follows_the_job_and_ends_when_it_is_terminal(client, team_
 def test_event_stream_resumes_after_last_event_id(client, team_a, train_file):
     job_id = _create(client, team_a, train_file)["id"]
     client.post(f"/v1/jobs/{job_id}/cancel", headers=team_a.headers)
-    r = client.get(f"/v1/jobs/{job_id}/events/stream",
-                   headers={**team_a.headers, "Last-Event-ID": "2"})
+    r = client.get(
+        f"/v1/jobs/{job_id}/events/stream", headers={**team_a.headers, "Last-Event-ID": "2"}
+    )
     events = _parse_sse(r.text)
     assert [(e["event"], e.get("id")) for e in events] == [("status", "3"), ("end", None)]
 
@@ -377,8 +425,9 @@ def job_with_checkpoint(client, team_a, train_file, db_sessions, store, tmp_path
     prefix = checkpoint_prefix(team_a.id, job_id, 4)
     store.upload_dir(prefix, ckpt_dir)
     with db_sessions() as s:
-        job_states.add_checkpoint(s, job_id, 4, prefix, bytes=802,
-                                  files=["model.safetensors", "tokenizer/vocab.json"])
+        job_states.add_checkpoint(
+            s, job_id, 4, prefix, bytes=802, files=["model.safetensors", "tokenizer/vocab.json"]
+        )
         s.commit()
     return job_id
 
@@ -387,7 +436,8 @@ def test_checkpoints_list_and_download(client, team_a, job_with_checkpoint):
     job_id = job_with_checkpoint
     listing = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=team_a.headers).json()
     assert [(c["step"], c["bytes"], c["files"]) for c in listing["data"]] == [
-        (4, 802, ["model.safetensors", "tokenizer/vocab.json"])]
+        (4, 802, ["model.safetensors", "tokenizer/vocab.json"])
+    ]
     url = f"/v1/jobs/{job_id}/checkpoints/4/download"
     r = client.get(url, headers=team_a.headers, params={"file": "model.safetensors"})
     assert r.status_code == 200 and r.content == b"\x00weights" * 100
@@ -396,35 +446,54 @@ def test_checkpoints_list_and_download(client, team_a, job_with_checkpoint):
     assert nested.status_code == 200 and nested.content == b"{}"
 
 
-@pytest.mark.parametrize("name", ["../../../etc/passwd", "missing.bin", "/model.safetensors",
-                                  "tokenizer/../model.safetensors", "step-4/model.safetensors"])
-def test_checkpoint_download_serves_only_listed_files(client, team_a, job_with_checkpoint,
-                                                      name):
-    r = client.get(f"/v1/jobs/{job_with_checkpoint}/checkpoints/4/download",
-                   headers=team_a.headers, params={"file": name})
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../../etc/passwd",
+        "missing.bin",
+        "/model.safetensors",
+        "tokenizer/../model.safetensors",
+        "step-4/model.safetensors",
+    ],
+)
+def test_checkpoint_download_serves_only_listed_files(client, team_a, job_with_checkpoint, name):
+    r = client.get(
+        f"/v1/jobs/{job_with_checkpoint}/checkpoints/4/download",
+        headers=team_a.headers,
+        params={"file": name},
+    )
     assert r.status_code == 404 and r.json()["error"]["field"] == "file"
 
 
 def test_checkpoint_download_of_a_missing_step_is_404(client, team_a, job_with_checkpoint):
-    r = client.get(f"/v1/jobs/{job_with_checkpoint}/checkpoints/5/download",
-                   headers=team_a.headers, params={"file": "model.safetensors"})
+    r = client.get(
+        f"/v1/jobs/{job_with_checkpoint}/checkpoints/5/download",
+        headers=team_a.headers,
+        params={"file": "model.safetensors"},
+    )
     assert r.status_code == 404 and r.json()["error"]["field"] == "step"
 
 
-def test_checkpoint_download_redirects_to_a_presigned_url(client, team_a, job_with_checkpoint,
-                                                          store, monkeypatch):
-    monkeypatch.setattr(store, "presigned_url",
-                        lambda key, expires=3600: f"https://s3.example/{key}?sig=1")
-    r = client.get(f"/v1/jobs/{job_with_checkpoint}/checkpoints/4/download",
-                   headers=team_a.headers, params={"file": "model.safetensors"},
-                   follow_redirects=False)
+def test_checkpoint_download_redirects_to_a_presigned_url(
+    client, team_a, job_with_checkpoint, store, monkeypatch
+):
+    monkeypatch.setattr(
+        store, "presigned_url", lambda key, expires=3600: f"https://s3.example/{key}?sig=1"
+    )
+    r = client.get(
+        f"/v1/jobs/{job_with_checkpoint}/checkpoints/4/download",
+        headers=team_a.headers,
+        params={"file": "model.safetensors"},
+        follow_redirects=False,
+    )
     assert r.status_code == 307
     assert r.headers["location"].startswith("https://s3.example/")
     assert r.headers["location"].endswith("/step-4/model.safetensors?sig=1")
 
 
-def test_teams_cannot_see_or_touch_each_others_jobs(client, team_a, team_b,
-                                                    job_with_checkpoint, queue):
+def test_teams_cannot_see_or_touch_each_others_jobs(
+    client, team_a, team_b, job_with_checkpoint, queue
+):
     job_id = job_with_checkpoint
     for method, path, params in [
         ("GET", f"/v1/jobs/{job_id}", None),
@@ -442,8 +511,7 @@ def test_teams_cannot_see_or_touch_each_others_jobs(client, team_a, team_b,
     assert client.get(f"/v1/jobs/{job_id}", headers=team_a.headers).json()["status"] == "queued"
 
 
-def test_enqueue_failure_does_not_fail_the_request(client, team_a, train_file, queue,
-                                                   monkeypatch):
+def test_enqueue_failure_does_not_fail_the_request(client, team_a, train_file, queue, monkeypatch):
     def broken(job_id):
         raise ConnectionError("broker down")
 

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from api.observability import JsonFormatter
+from models.tables import ApiKey
 from models.teams import revoke_api_key
 from tests.api.conftest import upload
-from models.tables import ApiKey
 
 
 def _assert_error(r, status: int, type_: str | None = None):
@@ -25,17 +25,24 @@ def _assert_error(r, status: int, type_: str | None = None):
     return err
 
 
-@pytest.mark.parametrize("headers", [
-    {},
-    {"Authorization": "hl_nothing"},
-    {"Authorization": "Basic dXNlcjpwYXNz"},
-    {"Authorization": "Bearer "},
-    {"Authorization": "Bearer hl_not-a-real-key"},
-    {"Authorization": "Bearer sk-something"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "hl_nothing"},
+        {"Authorization": "Basic dXNlcjpwYXNz"},
+        {"Authorization": "Bearer "},
+        {"Authorization": "Bearer hl_not-a-real-key"},
+        {"Authorization": "Bearer sk-something"},
+    ],
+)
 def test_requests_without_a_valid_key_are_401(client, team_a, headers):
-    for method, path in [("GET", "/v1/files"), ("GET", "/v1/jobs"), ("POST", "/v1/jobs"),
-                         ("GET", "/v1/jobs/job-x/events")]:
+    for method, path in [
+        ("GET", "/v1/files"),
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/job-x/events"),
+    ]:
         r = client.request(method, path, headers=headers)
         _assert_error(r, 401, "authentication_error")
         assert r.headers["www-authenticate"] == "Bearer"
@@ -99,11 +106,21 @@ def test_readyz_is_503_without_a_database(settings, store, queue):
 
 def test_openapi_documents_the_routes(client):
     spec = client.get("/openapi.json").json()
-    for path in ["/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content",
-                 "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
-                 "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/events/stream",
-                 "/v1/jobs/{job_id}/metrics", "/v1/jobs/{job_id}/checkpoints",
-                 "/v1/jobs/{job_id}/checkpoints/{step}/download", "/healthz", "/readyz"]:
+    for path in [
+        "/v1/files",
+        "/v1/files/{file_id}",
+        "/v1/files/{file_id}/content",
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/cancel",
+        "/v1/jobs/{job_id}/events",
+        "/v1/jobs/{job_id}/events/stream",
+        "/v1/jobs/{job_id}/metrics",
+        "/v1/jobs/{job_id}/checkpoints",
+        "/v1/jobs/{job_id}/checkpoints/{step}/download",
+        "/healthz",
+        "/readyz",
+    ]:
         assert path in spec["paths"], path
 
 
@@ -127,9 +144,12 @@ def test_logs_are_json_with_request_id_and_never_the_key(client, team_a):
 
 
 def test_importing_the_api_does_not_import_torch():
-    code = ("import sys, api.main, api.cli, api.routes.jobs, api.routes.files; "
-            "bad = [m for m in ('torch', 'transformers', 'worker') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys, api.main, api.cli, api.routes.jobs, api.routes.files; "
+        "bad = [m for m in ('torch', 'transformers', 'worker') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr

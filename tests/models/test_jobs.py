@@ -28,8 +28,9 @@ def team_id(db_sessions):
 def new_job(db_sessions, team_id):
     def make(**spec_overrides) -> str:
         with db_sessions() as s:
-            job = jobs.create_job(s, team_id=team_id, spec={**SPEC, **spec_overrides},
-                                  metadata={"k": "v"})
+            job = jobs.create_job(
+                s, team_id=team_id, spec={**SPEC, **spec_overrides}, metadata={"k": "v"}
+            )
             s.commit()
             return job.id
 
@@ -37,8 +38,11 @@ def new_job(db_sessions, team_id):
 
 
 def _events(session, job_id) -> list[JobEvent]:
-    return list(session.execute(
-        select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)).scalars())
+    return list(
+        session.execute(
+            select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)
+        ).scalars()
+    )
 
 
 def _status(sessions, job_id) -> str:
@@ -68,8 +72,16 @@ def test_transition_is_guarded_and_records_an_event(db_sessions, new_job):
     job_id = new_job()
     with db_sessions() as s:
         assert jobs.transition(s, job_id, "running", "succeeded") is False  # not running
-        assert jobs.transition(s, job_id, ["validating", "queued"], "failed",
-                               error={"message": "boom", "type": "test"}) is True
+        assert (
+            jobs.transition(
+                s,
+                job_id,
+                ["validating", "queued"],
+                "failed",
+                error={"message": "boom", "type": "test"},
+            )
+            is True
+        )
         s.commit()
         assert jobs.transition(s, job_id, "queued", "cancelled") is False  # already failed
         job = s.get(Job, job_id)
@@ -92,8 +104,9 @@ def test_every_status_has_rules_and_terminal_ones_have_none():
     assert set(jobs.TRANSITIONS) == set(JOB_STATUSES)
     for status in ("succeeded", "failed", "cancelled"):
         assert jobs.TRANSITIONS[status] == frozenset() and jobs.is_terminal(status)
-    assert jobs.can_transition("queued", "running") and not jobs.can_transition("queued",
-                                                                                "succeeded")
+    assert jobs.can_transition("queued", "running") and not jobs.can_transition(
+        "queued", "succeeded"
+    )
 
 
 def test_claim_race_has_exactly_one_winner(db_sessions, new_job):
@@ -111,7 +124,7 @@ def test_claim_race_has_exactly_one_winner(db_sessions, new_job):
                 s.commit()
                 if job is not None:
                     won.append(job.lease_owner)
-        except BaseException as exc:  # surfaced below
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
@@ -170,8 +183,7 @@ def test_claim_does_not_take_finished_or_cancelling_jobs(db_sessions, new_job):
         assert jobs.claim(s, "job-missing", "b", 60) is None
 
 
-def test_heartbeat_extends_the_lease_records_progress_and_reports_cancelling(db_sessions,
-                                                                           new_job):
+def test_heartbeat_extends_the_lease_records_progress_and_reports_cancelling(db_sessions, new_job):
     job_id = new_job()
     with db_sessions() as s:
         job = jobs.claim(s, job_id, "w", 10)
@@ -299,7 +311,7 @@ def test_event_seqs_are_unique_and_gapless_under_concurrency(db_sessions, new_jo
                 with db_sessions() as s:
                     jobs.add_event(s, job_id, "log", f"{i}-{j}")
                     s.commit()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
@@ -336,7 +348,7 @@ def test_metrics_merge_per_step_and_checkpoints_upsert(db_sessions, new_job):
 
 
 def test_active_job_count(db_sessions, new_job, team_id):
-    a, b = new_job(), new_job()
+    a, _ = new_job(), new_job()
     with db_sessions() as s:
         assert jobs.active_job_count(s, team_id) == 2
         jobs.request_cancel(s, a)

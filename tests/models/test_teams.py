@@ -12,7 +12,7 @@ from models.teams import create_api_key, create_team, get_team, revoke_api_key, 
 
 def test_keys_are_hashed_and_resolve_to_their_team(db_session):
     team = create_team(db_session, "acme")
-    key, secret = create_api_key(db_session, team.id, "ci")
+    _, secret = create_api_key(db_session, team.id, "ci")
     db_session.commit()
     assert secret.startswith("hl_") and len(secret) > 40
     row = db_session.execute(select(ApiKey)).scalar_one()
