@@ -26,6 +26,7 @@ from api.errors import api_error
 from models.settings import Settings
 from models.tables import IdempotencyKey, Team
 from models.teams import team_for_key
+from storage import ObjectStore
 
 log = logging.getLogger("humanline.api")
 
@@ -111,7 +112,7 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_store(request: Request) -> Any:
+def get_store(request: Request) -> ObjectStore:
     return request.app.state.store
 
 
@@ -121,7 +122,7 @@ def get_queue(request: Request) -> JobQueue:
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 SessionDep = Annotated[Session, Depends(get_session)]
-StoreDep = Annotated[Any, Depends(get_store)]  # storage.ObjectStore
+StoreDep = Annotated[ObjectStore, Depends(get_store)]
 QueueDep = Annotated[JobQueue, Depends(get_queue)]
 
 

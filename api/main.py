@@ -6,7 +6,6 @@ uvicorn --factory api.main:create_app     # or: humanline-server serve
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client.core import GaugeMetricFamily
@@ -21,6 +20,7 @@ from api.routes import files, health, jobs
 from models.db import make_engine, make_session_factory
 from models.settings import Settings, get_settings
 from models.tables import JOB_STATUSES, Job
+from storage import ObjectStore, open_store
 
 log = logging.getLogger("humanline.api")
 JSON_BODY_LIMIT = 1 << 20  # every request but an upload: job specs are small
@@ -50,16 +50,14 @@ class _JobsCollector:
         yield gauge
 
 
-def _open_store(settings: Settings) -> Any:
-    from storage import open_store
-
+def _open_store(settings: Settings) -> ObjectStore:
     return open_store(settings.STORAGE_URL, **settings.storage_options())
 
 
 def create_app(
     settings: Settings | None = None,
     *,
-    store: Any = None,
+    store: ObjectStore | None = None,
     queue: JobQueue | None = None,
     session_factory: sessionmaker[Session] | None = None,
 ) -> FastAPI:

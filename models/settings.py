@@ -58,7 +58,6 @@ class Settings(BaseSettings):
     MAX_JOB_ATTEMPTS: int = Field(
         5, ge=1, description="A job whose worker is lost this many times fails (reaper)."
     )
-    PAGE_LIMIT_MAX: int = Field(100, ge=1)
 
     # --- worker leases ----------------------------------------------------------------------
     LEASE_SECONDS: float = Field(

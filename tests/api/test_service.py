@@ -153,3 +153,56 @@ def test_importing_the_api_does_not_import_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _asgi_post(app, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]]):
+    """POST with a chunked body and no Content-Length (TestClient always sends one)."""
+    import asyncio
+
+    sent: list[dict] = []
+    pending = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def receive():
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+    }
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(body)
+
+
+def test_bodies_without_content_length_are_cut_off_at_the_limit(app, team_a):
+    auth = (b"authorization", f"Bearer {team_a.key}".encode())
+    json_type = (b"content-type", b"application/json")
+    status, body = _asgi_post(app, "/v1/jobs", [b"x" * 600_000] * 3, [auth, json_type])
+    assert status == 413 and body["error"]["type"] == "request_too_large"
+    boundary = b"hlboundary"
+    head = (
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="purpose"\r\n\r\ntrain\r\n'
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; '
+        b'filename="a.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n'
+    )
+    chunks = [head] + [b"y" * 50_000] * 4  # 200 kB > MAX_UPLOAD_BYTES + multipart slack
+    form = (b"content-type", b"multipart/form-data; boundary=" + boundary)
+    status, body = _asgi_post(app, "/v1/files", chunks, [auth, form])
+    assert status == 413 and body["error"]["request_id"]
