@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.observability import current_request_id
+from storage import StorageUnavailableError
 
 log = logging.getLogger("humanline.api")
 
@@ -123,8 +124,6 @@ def install_error_handlers(app: FastAPI) -> None:
             "type": ERROR_TYPES[503],
         }
         return JSONResponse(error_body(503, detail), status_code=503, headers={"Retry-After": "5"})
-
-    from storage import StorageUnavailableError
 
     app.add_exception_handler(StorageUnavailableError, storage_unavailable)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -5,8 +5,6 @@ uvicorn --factory api.main:create_app     # or: humanline-server serve
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
@@ -22,7 +20,6 @@ from models.settings import Settings, get_settings
 from models.tables import JOB_STATUSES, Job
 from storage import ObjectStore, open_store
 
-log = logging.getLogger("humanline.api")
 JSON_BODY_LIMIT = 1 << 20  # every request but an upload: job specs are small
 MULTIPART_SLACK = 1 << 16  # multipart framing around the file itself
 
