@@ -1,0 +1,70 @@
+"""KTO with the mismatched-pair reference point z0 (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from trainer.losses.humanline import clamp_fraction, sequence_rewards, token_log_ratios
+from trainer.losses.types import LossOutput, to_floats
+from trainer.spec.job import HumanlineParams, KTOConfig
+
+
+def kto_loss(
+    pol: torch.Tensor,
+    ref: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    kl_pol: torch.Tensor,
+    kl_ref: torch.Tensor,
+    kl_mask: torch.Tensor,
+    cfg: KTOConfig,
+    humanline: HumanlineParams | None = None,
+    length_normalize: bool = False,
+    generator: torch.Generator | None = None,
+    kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> LossOutput:
+    """Mean over examples of ``λ_D (1 − σ(β (R − z0)))`` (desirable) or ``λ_U (1 − σ(β (z0 − R)))``.
+
+    ``labels`` [B] is True for desirable examples. ``kl_*`` are the per-token log-probs of the
+    mismatched pairs (x, y'); ``z0 = max(0, mean R_kl)`` is detached (it is a reference point,
+    not something to optimise) and its rewards get the same humanline treatment and the same
+    length normalisation as R, so both live on one scale. ``kl_reduce`` maps the local [B]
+    mismatched rewards to the tensor averaged (the recipe passes an all-gather under DDP so every
+    rank uses the same z0); the default is the local batch.
+
+    Metrics: ``kl`` is z0; ``rewards/chosen`` and ``rewards/rejected`` are means of β·R over the
+    desirable and undesirable examples (TRL's convention), left out when the batch has none;
+    ``clamp_frac`` covers the examples' tokens, not the mismatched ones.
+    """
+    r, clamped = token_log_ratios(pol, ref, mask, humanline, generator)
+    reward = sequence_rewards(r, mask, length_normalize)
+    with torch.no_grad():
+        r_kl, _ = token_log_ratios(kl_pol, kl_ref, kl_mask, humanline, generator)
+        kl_rewards = sequence_rewards(r_kl, kl_mask, length_normalize)
+        z0 = (kl_reduce(kl_rewards) if kl_reduce is not None else kl_rewards).mean().clamp(min=0)
+
+    desirable = labels.bool()
+    # One expression for both kinds: the sign flips the margin, the weight picks λ_D or λ_U.
+    sign = torch.where(desirable, 1.0, -1.0).to(reward.dtype)
+    weight = torch.where(desirable, cfg.lambda_d, cfg.lambda_u).to(reward.dtype)
+    losses = weight * (1.0 - torch.sigmoid(cfg.beta * sign * (reward - z0)))
+    loss = losses.mean()
+
+    with torch.no_grad():
+        beta_reward = cfg.beta * reward
+        n_d = int(desirable.sum())  # host value: decides which metrics exist
+        n_u = desirable.numel() - n_d
+        values: dict[str, torch.Tensor | float] = {
+            "loss": loss,
+            "kl": z0,
+            "clamp_frac": clamp_fraction(clamped, mask),
+            "count/desirable": float(n_d),
+            "count/undesirable": float(n_u),
+        }
+        if n_d:
+            values["rewards/chosen"] = beta_reward[desirable].mean()
+        if n_u:
+            values["rewards/rejected"] = beta_reward[~desirable].mean()
+    return LossOutput(loss=loss, metrics=to_floats(values))
