@@ -1,6 +1,7 @@
 """The training loop every objective and variant shares. Read top to bottom:
-setup → reference → (resume) → steps [forward, loss, backward, clip, humanline sync, update,
-log, checkpoint, stop?] → export.
+setup (`Trainer.__init__`) → resume or step 0 → steps (`Trainer.step`: forward, loss, backward,
+clip, humanline sync, update) with logging, checkpoints and stop requests (`Trainer.run`) →
+export.
 
 Built on accelerate, so the same code runs in one CPU process, under
 `accelerate launch --num_processes 2 --cpu` (DDP) and on GPUs.
@@ -31,7 +32,7 @@ from trainer.reference import Lookahead, make_reference
 from trainer.runlog import RunLog
 from trainer.spec.data import read_jsonl
 from trainer.spec.job import JobSpec
-from trainer.tokenize import ChatTokenizer, collate
+from trainer.tokenize import ChatTokenizer, TokenBatch, collate
 
 
 @dataclass
@@ -55,143 +56,170 @@ def _sequences(example) -> list:
     return [example.seq] if hasattr(example, "seq") else list(example)
 
 
-def train(spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RunResult:
-    # ---- setup -----------------------------------------------------------------------------
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    world, rank = accelerator.num_processes, accelerator.process_index
-    log = RunLog(out_dir, enabled=accelerator.is_main_process)
-    _seed_everything(spec.seed)
+class Trainer:
+    def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True):
+        # ---- setup -------------------------------------------------------------------------
+        self.spec, self.progress = spec, progress
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.accelerator = acc = Accelerator(cpu=not torch.cuda.is_available())
+        self.log = RunLog(self.out_dir, enabled=acc.is_main_process)
+        _seed_everything(spec.seed)
 
-    model_dir = resolve_model(spec.base_model)
-    tokenizer = load_tokenizer(model_dir)
-    recipe = make_recipe(spec)
-    fmt, records = read_jsonl(spec.training_file)
-    if fmt not in recipe.accepts:
-        raise ValueError(f"{spec.objective.name} trains on {' or '.join(recipe.accepts)} data, got {fmt}")
-    chat = ChatTokenizer(tokenizer, spec.max_prompt_length, spec.max_length)
-    examples = recipe.build(fmt, records, chat)
-    log.event("data", f"{len(examples)} training examples from {len(records)} {fmt} records", **chat.report.as_dict())
-    if chat.report.any:
-        log.event("warning", "some examples were truncated or dropped to fit max_length", **chat.report.as_dict())
-    steps = total_steps(len(examples), spec.global_batch_size, spec.epochs, spec.max_steps)
-    plan = BatchPlan(len(examples), spec.global_batch_size, spec.grad_accum, world, rank, spec.seed, steps)
-    pad_id = tokenizer.pad_token_id
+        model_dir = resolve_model(spec.base_model)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.recipe = make_recipe(spec)
+        fmt, records = read_jsonl(spec.training_file)
+        if fmt not in self.recipe.accepts:
+            raise ValueError(f"{spec.objective.name} trains on {' or '.join(self.recipe.accepts)} data, got {fmt}")
+        self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
+        self.examples = self.recipe.build(fmt, records, self.chat)
+        report = self.chat.report.as_dict()
+        self.log.event("data", f"{len(self.examples)} training examples from {len(records)} {fmt} records", **report)
+        if self.chat.report.any:
+            self.log.event("warning", "some examples were truncated or dropped to fit max_length", **report)
+        self.total = total_steps(len(self.examples), spec.global_batch_size, spec.epochs, spec.max_steps)
+        self.plan = BatchPlan(len(self.examples), spec.global_batch_size, spec.grad_accum,
+                              acc.num_processes, acc.process_index, spec.seed, self.total)
 
-    def batch_for(step: int, micro: int):
-        return collate(recipe.rows(examples, plan.micro(step, micro), chat), pad_id)
+        model = load_policy(spec, model_dir)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        o = spec.optim
+        optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        self.scheduler = get_scheduler(o.schedule, optimizer, num_warmup_steps=int(o.warmup_ratio * self.total),
+                                       num_training_steps=self.total)
+        # The reference is made before any update: a frozen copy, if one is needed at all,
+        # holds the initial weights.
+        self.unwrapped = model
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.reference = make_reference(
+            spec.sync, self.model, model, spec.adapter.kind == "lora", batch_fn=self.batch_for,
+            every=spec.humanline_params.sync_every, total=self.total, accum=spec.grad_accum,
+        )
+        self.humanline = spec.humanline_params if spec.humanline else None
 
-    model = load_policy(spec, model_dir)
-    params = [p for p in model.parameters() if p.requires_grad]
-    o = spec.optim
-    optimizer = torch.optim.AdamW(params, lr=spec.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    scheduler = get_scheduler(o.schedule, optimizer, num_warmup_steps=int(o.warmup_ratio * steps), num_training_steps=steps)
-    # The reference is taken before `prepare` and before any update: a frozen copy, if one
-    # is needed at all, holds the initial weights.
-    unwrapped = model
-    model, optimizer = accelerator.prepare(model, optimizer)
-    k = spec.humanline_params.sync_every
-    reference = make_reference(
-        spec.sync, model, unwrapped, spec.adapter.kind == "lora",
-        batch_fn=batch_for, every=k, total=steps, accum=spec.grad_accum,
-    )
-    spec_json = spec.model_dump_json(indent=2)
+        # ---- resume, or step 0 ----------------------------------------------------------------
+        self.start = 0
+        last = checkpoint.latest(self.out_dir) if resume else None
+        if last is not None:
+            checkpoint.load(last, accelerator=acc, model=self.model, optimizer=self.optimizer,
+                            scheduler=self.scheduler, reference=self.reference)
+            self.start = last.step
+            self.log.truncate_metrics(self.start)
+            self.log.event("resumed", f"resumed from step {self.start}", step=self.start)
+        else:
+            if spec.quality_sample and acc.is_main_process:
+                self._data_quality()
+            acc.wait_for_everyone()
+            if isinstance(self.reference, Lookahead):
+                self.reference.refresh(0)  # steps 1..k use the initial weights as reference
+        self.model.train()
 
-    # ---- resume, or step 0 ------------------------------------------------------------------
-    start = 0
-    last = checkpoint.latest(out_dir) if resume else None
-    if last is not None:
-        checkpoint.load(last, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, reference=reference)
-        start = last.step
-        log.truncate_metrics(start)
-        log.event("resumed", f"resumed from step {start}", step=start)
-    else:
-        if spec.quality_sample and accelerator.is_main_process:
-            make = lambda idx: collate([s for i in idx for s in _sequences(examples[i])], pad_id)  # noqa: E731
-            quality = data_quality(unwrapped, quality_batches(len(examples), make, spec.quality_sample))
-            log.write_json("data_quality.json", quality)
-            if quality.get("warning"):
-                log.event("warning", quality["warning"], **{"data_quality_mean": quality["mean"]})
-        accelerator.wait_for_everyone()
-        if isinstance(reference, Lookahead):
-            reference.refresh(0)  # steps 1..k use the initial weights as reference
-    log.event("started", f"training {spec.variant} {spec.objective.name} for {steps} steps", total_steps=steps, world_size=world)
+    def batch_for(self, step: int, micro: int) -> TokenBatch:
+        """This process's micro-batch `micro` of `step`: a pure function of the plan."""
+        rows = self.recipe.rows(self.examples, self.plan.micro(step, micro), self.chat)
+        return collate(rows, self.tokenizer.pad_token_id)
 
-    # ---- train ------------------------------------------------------------------------------
-    humanline = spec.humanline_params if spec.humanline else None
-    sampled = humanline is not None and humanline.mode == "sample"
-    bar = tqdm(total=steps, initial=start, disable=not (progress and accelerator.is_main_process), desc="train")
-    status = "succeeded"
-    step = start
-    model.train()
-    for step in range(start + 1, steps + 1):
+    def _data_quality(self) -> None:
+        pad = self.tokenizer.pad_token_id
+        make = lambda idx: collate([s for i in idx for s in _sequences(self.examples[i])], pad)  # noqa: E731
+        quality = data_quality(self.unwrapped, quality_batches(len(self.examples), make, self.spec.quality_sample))
+        self.log.write_json("data_quality.json", quality)
+        if quality.get("warning"):
+            self.log.event("warning", quality["warning"], data_quality_mean=quality["mean"])
+
+    # ---- one optimizer step ---------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, float]:
+        spec, acc, accum = self.spec, self.accelerator, self.spec.grad_accum
+        world, k = acc.num_processes, spec.humanline_params.sync_every
         t0 = time.perf_counter()
-        micro = [plan.micro(step, m) for m in range(spec.grad_accum)]
-        batches = [batch_for(step, m) for m in range(spec.grad_accum)]
-        ctx = LossContext(humanline=humanline, length_normalize=spec.length_normalize)
-        if sampled:  # per-step stream: a resumed run draws the same Beta samples
-            ctx.generator = torch.Generator(accelerator.device).manual_seed(spec.seed * 1_000_003 + step * 131 + rank)
-        if recipe.token_level:  # DAPO: mean over every token of the global batch
-            local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=accelerator.device)
-            ctx.token_normalizer = float(accelerator.reduce(local, "sum")) / (world * spec.grad_accum)
+        micro = [self.plan.micro(step, m) for m in range(accum)]
+        batches = [self.batch_for(step, m) for m in range(accum)]
+        ctx = LossContext(humanline=self.humanline, length_normalize=spec.length_normalize)
+        if self.humanline is not None and self.humanline.mode == "sample":
+            # a per-step stream, so a resumed run draws the same Beta samples
+            seed = spec.seed * 1_000_003 + step * 131 + acc.process_index
+            ctx.generator = torch.Generator(acc.device).manual_seed(seed)
+        if self.recipe.token_level:  # DAPO: mean over every token of the global batch
+            local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=acc.device)
+            ctx.token_normalizer = float(acc.reduce(local, "sum")) / (world * accum)
         if world > 1:
-            ctx.kl_reduce = accelerator.gather
+            ctx.kl_reduce = acc.gather
         sums: dict[str, float] = defaultdict(float)
         tokens = 0
         for m, (mb, batch) in enumerate(zip(micro, batches)):
-            ref = reference.logps(step, m, batch)
-            with accelerator.no_sync(model) if m < spec.grad_accum - 1 else nullcontext():
-                pol = token_logps(model, batch)
-                out = recipe.loss(pol, ref, batch, mb, examples, ctx)
-                accelerator.backward(out.loss / spec.grad_accum)
+            ref = self.reference.logps(step, m, batch)
+            with acc.no_sync(self.model) if m < accum - 1 else nullcontext():
+                pol = token_logps(self.model, batch)
+                out = self.recipe.loss(pol, ref, batch, mb, self.examples, ctx)
+                acc.backward(out.loss / accum)
             for name, value in out.metrics.items():
-                sums[name] += value / spec.grad_accum
+                sums[name] += value / accum
             tokens += int(batch.attention_mask.sum())
-        grad_norm = accelerator.clip_grad_norm_(params, o.max_grad_norm)
+        grad_norm = acc.clip_grad_norm_(self.params, spec.optim.max_grad_norm)
         t_sync = time.perf_counter()
         if spec.sync == "humanline" and step % k == 0:
-            reference.refresh(step)  # humanline: reference := θ_s, *before* the update
+            self.reference.refresh(step)  # humanline: reference := θ_s, *before* the update
         t_sync = time.perf_counter() - t_sync
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
         if spec.sync == "trust_region" and step % k == 0:
-            reference.refresh(step)  # trust region: reference := θ_{s+1}, after the update
+            self.reference.refresh(step)  # trust region: reference := θ_{s+1}, after the update
 
-        # ---- log, checkpoint, stop ------------------------------------------------------------
         keys = sorted(sums)
-        reduced = accelerator.reduce(torch.tensor([sums[n] for n in keys], device=accelerator.device), "mean")
+        reduced = acc.reduce(torch.tensor([sums[n] for n in keys], device=acc.device), "mean")
         metrics = dict(zip(keys, reduced.tolist()))
         elapsed = time.perf_counter() - t0
         metrics.update(grad_norm=float(grad_norm), lr=lr, step_time=elapsed, sync_time=t_sync,
                        tokens_per_s=tokens * world / elapsed)
-        if step % spec.log_every == 0 or step == steps:
-            log.metrics(step, metrics)
-        bar.update(1)
-        bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
-        stop = accelerator.reduce(torch.tensor(float(log.stop_requested()), device=accelerator.device), "sum") > 0
-        due = spec.checkpoint_every and step % spec.checkpoint_every == 0
-        if due or stop or step == steps:
-            ck = checkpoint.save(out_dir, step, accelerator=accelerator, model=model, optimizer=optimizer,
-                                 scheduler=scheduler, reference=reference, spec_json=spec_json, extra={"total_steps": steps})
-            log.event("checkpoint", f"checkpoint at step {step}", step=step, path=str(ck.path))
-        if stop and step < steps:
-            status = "stopped"
-            log.event("stopped", f"stopped at step {step} on request", step=step)
-            break
-    bar.close()
+        return metrics
 
-    # ---- export -----------------------------------------------------------------------------
-    final_dir = None
-    if status == "succeeded":
-        if accelerator.is_main_process:
-            final_dir = str(out_dir / "final")
-            save_pretrained_weights(accelerator.unwrap_model(model), tokenizer, Path(final_dir))
-        accelerator.wait_for_everyone()
-        log.event("finished", f"finished {steps} steps", step=step)
-    result = RunResult(status, step, steps, final_dir)
-    log.write_json("result.json", result.as_dict())
-    accelerator.end_training()
-    return result
+    # ---- the run: steps, logging, checkpoints, stop requests, export ----------------------------
+    def run(self) -> RunResult:
+        spec, acc, log = self.spec, self.accelerator, self.log
+        log.event("started", f"training {spec.variant} {spec.objective.name} for {self.total} steps",
+                  total_steps=self.total, world_size=acc.num_processes)
+        bar = tqdm(total=self.total, initial=self.start, desc="train",
+                   disable=not (self.progress and acc.is_main_process))
+        status, step = "succeeded", self.start
+        for step in range(self.start + 1, self.total + 1):
+            metrics = self.step(step)
+            if step % spec.log_every == 0 or step == self.total:
+                log.metrics(step, metrics)
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
+            # every process must agree on stopping, or the collectives below would hang
+            stop = acc.reduce(torch.tensor(float(log.stop_requested()), device=acc.device), "sum") > 0
+            due = spec.checkpoint_every and step % spec.checkpoint_every == 0
+            if due or stop or step == self.total:
+                self.save(step)
+            if stop and step < self.total:
+                status = "stopped"
+                log.event("stopped", f"stopped at step {step} on request", step=step)
+                break
+        bar.close()
+
+        final_dir = None
+        if status == "succeeded":
+            if acc.is_main_process:
+                final_dir = str(self.out_dir / "final")
+                save_pretrained_weights(acc.unwrap_model(self.model), self.tokenizer, Path(final_dir))
+            acc.wait_for_everyone()
+            log.event("finished", f"finished {self.total} steps", step=step)
+        result = RunResult(status, step, self.total, final_dir)
+        log.write_json("result.json", result.as_dict())
+        acc.end_training()
+        return result
+
+    def save(self, step: int) -> None:
+        ck = checkpoint.save(self.out_dir, step, accelerator=self.accelerator, model=self.model,
+                             optimizer=self.optimizer, scheduler=self.scheduler, reference=self.reference,
+                             spec_json=self.spec.model_dump_json(indent=2), extra={"total_steps": self.total})
+        self.log.event("checkpoint", f"checkpoint at step {step}", step=step, path=str(ck.path))
+
+
+def train(spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RunResult:
+    """Run a spec to completion (or to a stop request) in `out_dir`."""
+    return Trainer(spec, out_dir, resume=resume, progress=progress).run()
