@@ -1,0 +1,85 @@
+"""Object storage for datasets, checkpoints and reports: a local directory or an S3 bucket
+behind one interface (`ObjectStore`), chosen by URL with `open_store`.
+
+    open_store("file:///var/lib/humanline/objects")      # LocalStore (absolute path)
+    open_store("file://./.humanline/objects")            # LocalStore (relative to the cwd)
+    open_store("s3://bucket/some/prefix", endpoint_url=...)  # S3Store (bucket created if missing)
+
+Keys come from `storage.keys` (ids only, never user input); every store re-checks them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from storage.base import (
+    COMPLETE_MARKER,
+    IncompleteCheckpointError,
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    StorageUnavailableError,
+)
+from storage.local import LocalStore
+from storage.s3 import S3Store
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "IncompleteCheckpointError",
+    "LocalStore",
+    "ObjectNotFound",
+    "ObjectStore",
+    "S3Store",
+    "StorageError",
+    "StorageUnavailableError",
+    "open_store",
+]
+
+
+def open_store(
+    url: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    **s3_options: Any,
+) -> ObjectStore:
+    """The store named by `url`.
+
+    "file:///abs/path" and "file://./rel/path" give a LocalStore (the S3 arguments are
+    ignored); "s3://bucket[/prefix]" gives an S3Store, creating the bucket if it is missing.
+    Credentials and region left as None fall back to boto3's usual chain (environment,
+    config files, instance role).
+
+    `s3_options` are passed to S3Store: connect_timeout, read_timeout, max_attempts,
+    retry_deadline_s, multipart_threshold, multipart_chunksize, max_concurrency,
+    create_bucket. boto3's spellings aws_access_key_id, aws_secret_access_key and
+    region_name are accepted as aliases of access_key, secret_key and region.
+    """
+    access_key = access_key or s3_options.pop("aws_access_key_id", None)
+    secret_key = secret_key or s3_options.pop("aws_secret_access_key", None)
+    region = region or s3_options.pop("region_name", None)
+    for alias in ("aws_access_key_id", "aws_secret_access_key", "region_name"):
+        s3_options.pop(alias, None)
+
+    if url.startswith("file://"):
+        path = url[len("file://") :]
+        if not path:
+            raise ValueError(f"invalid store URL {url!r}: no path")
+        return LocalStore(path)
+    if url.startswith("s3://"):
+        rest = url[len("s3://") :]
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ValueError(f"invalid store URL {url!r}: no bucket")
+        return S3Store(
+            bucket,
+            prefix.strip("/"),
+            endpoint_url=endpoint_url,
+            region=region,
+            access_key=access_key,
+            secret_key=secret_key,
+            **s3_options,
+        )
+    raise ValueError(f"invalid store URL {url!r}: expected file://PATH or s3://BUCKET[/PREFIX]")

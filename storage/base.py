@@ -1,0 +1,219 @@
+"""The object-store interface, its errors, and the checkpoint-directory logic both stores share.
+
+Callers (API, worker) see only `ObjectStore` and the `StorageError` family, never botocore:
+the embedded deployment runs on `LocalStore` and production on `S3Store`, and code that works
+on one must work on the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from storage.keys import check_key
+
+COMPLETE_MARKER = "_COMPLETE"
+_MANIFEST_VERSION = 1
+
+
+class StorageError(Exception):
+    """Any failure of the object store (the only exception family callers need to catch)."""
+
+
+class ObjectNotFound(StorageError, FileNotFoundError):
+    """The key does not exist. Also a FileNotFoundError, so `except FileNotFoundError` works."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"object not found: {key!r}")
+        self.key = key
+
+
+class StorageUnavailableError(StorageError):
+    """The backend could not be reached (after retries); the request may succeed later."""
+
+
+class IncompleteCheckpointError(StorageError):
+    """A checkpoint prefix has no `_COMPLETE` marker: it is torn (a writer died) or absent."""
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What the service needs from object storage. Keys are '/'-separated and checked by
+    `storage.keys.check_key`; writes are atomic (a reader sees the old object, or none, or the
+    whole new one, never a prefix of it)."""
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int: ...
+    def put_file(self, key: str, path: Path) -> None: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_stream(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def download_file(self, key: str, path: Path) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def size(self, key: str) -> int: ...
+    def delete(self, key: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def move(self, src: str, dst: str) -> None: ...
+    def presigned_url(self, key: str, expires: int = 3600) -> str | None: ...
+    def upload_dir(self, prefix: str, local_dir: Path) -> list[str]: ...
+    def download_dir(self, prefix: str, local_dir: Path) -> None: ...
+
+
+def _dir_prefix(prefix: str) -> str:
+    """A checkpoint prefix must be a non-empty "directory" prefix ending in '/'."""
+    check_key(prefix, prefix=True)
+    if not prefix:
+        raise ValueError("a directory prefix must not be empty")
+    return prefix if prefix.endswith("/") else prefix + "/"
+
+
+def _check_relpath(rel: str) -> str:
+    """A manifest entry: a relative '/'-path with no way out of the directory."""
+    check_key(rel)
+    if rel == COMPLETE_MARKER:
+        raise ValueError(f"a checkpoint may not contain a file named {COMPLETE_MARKER}")
+    return rel
+
+
+class StoreBase:
+    """Operations defined once in terms of the primitives each backend implements."""
+
+    TMP_DIR = ".tmp"  # reserved first segment for in-flight temporary objects
+
+    # --- primitives (implemented by LocalStore and S3Store) ---------------------------------
+    def put_file(self, key: str, path: Path) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def put_bytes(self, key: str, data: bytes) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def get_stream(
+        self, key: str, chunk_size: int = 1 << 20
+    ) -> Iterator[bytes]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def download_file(self, key: str, path: Path) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def size(self, key: str) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def delete_prefix(self, prefix: str) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # --- shared ------------------------------------------------------------------------------
+    def get_bytes(self, key: str) -> bytes:
+        """The whole object in memory (small objects: manifests, reports)."""
+        return b"".join(self.get_stream(key))
+
+    def upload_dir(self, prefix: str, local_dir: Path) -> list[str]:
+        """Upload every regular file under `local_dir` to `prefix`, then write the `_COMPLETE`
+        marker last. Returns the keys written, in order (the marker is the last one).
+
+        The marker holds a manifest (relative path and size of each file), so a reader
+        downloads exactly the files of this upload and can tell a complete checkpoint from a
+        torn one. Re-uploading a prefix first removes its marker (so the old checkpoint stops
+        being "complete" before any file of it is overwritten) and then its objects (so files
+        of an earlier, torn attempt cannot mix in).
+        """
+        prefix = _dir_prefix(prefix)
+        root = Path(local_dir)
+        if not root.is_dir():
+            raise NotADirectoryError(f"not a directory: {root}")
+        files: list[tuple[str, Path]] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath) / name
+                if not path.is_file():  # sockets, fifos, dangling links
+                    continue
+                rel = path.relative_to(root).as_posix()
+                files.append((_check_relpath(rel), path))
+
+        self.delete(prefix + COMPLETE_MARKER)
+        self.delete_prefix(prefix)
+        written: list[str] = []
+        manifest: list[dict[str, object]] = []
+        for rel, path in files:
+            key = prefix + rel
+            size = path.stat().st_size
+            self.put_file(key, path)
+            written.append(key)
+            manifest.append({"path": rel, "size": size})
+        marker = json.dumps({"version": _MANIFEST_VERSION, "files": manifest}, indent=1)
+        self.put_bytes(prefix + COMPLETE_MARKER, marker.encode())
+        written.append(prefix + COMPLETE_MARKER)
+        return written
+
+    def read_manifest(self, prefix: str) -> list[tuple[str, int]]:
+        """(relative path, size) of each file of a complete checkpoint at `prefix`;
+        IncompleteCheckpointError if the marker is missing."""
+        prefix = _dir_prefix(prefix)
+        try:
+            raw = self.get_bytes(prefix + COMPLETE_MARKER)
+        except ObjectNotFound:
+            raise IncompleteCheckpointError(
+                f"checkpoint {prefix!r} is incomplete: no {COMPLETE_MARKER} marker"
+            ) from None
+        try:
+            doc = json.loads(raw)
+            entries = [(str(f["path"]), int(f["size"])) for f in doc["files"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IncompleteCheckpointError(
+                f"checkpoint {prefix!r} has an unreadable {COMPLETE_MARKER} marker"
+            ) from exc
+        for rel, _ in entries:
+            _check_relpath(rel)
+        return entries
+
+    def is_complete(self, prefix: str) -> bool:
+        """True when `prefix` holds a complete checkpoint (its marker exists)."""
+        try:
+            self.size(_dir_prefix(prefix) + COMPLETE_MARKER)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def download_dir(self, prefix: str, local_dir: Path) -> None:
+        """Download the complete checkpoint at `prefix` into `local_dir`.
+
+        Refuses (IncompleteCheckpointError) a prefix without marker or whose objects do not
+        match the manifest. Files are staged in a sibling temporary directory and moved into
+        `local_dir` only once all of them arrived, so a failure leaves `local_dir` untouched.
+        """
+        prefix = _dir_prefix(prefix)
+        entries = self.read_manifest(prefix)
+        dest = Path(local_dir)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent))
+        try:
+            for rel, size in entries:
+                target = staging / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.download_file(prefix + rel, target)
+                except ObjectNotFound:
+                    raise IncompleteCheckpointError(
+                        f"checkpoint {prefix!r} is torn: {rel!r} is listed but missing"
+                    ) from None
+                got = target.stat().st_size
+                if got != size:
+                    raise IncompleteCheckpointError(
+                        f"checkpoint {prefix!r} is torn: {rel!r} has {got} bytes, "
+                        f"manifest says {size}"
+                    )
+            dest.mkdir(parents=True, exist_ok=True)
+            for rel, _ in entries:
+                final = dest / rel
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / rel, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

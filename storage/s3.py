@@ -1,0 +1,521 @@
+"""An S3 bucket (or a prefix in one) as an object store: AWS S3, SeaweedFS, MinIO, ...
+
+Atomic writes follow the service-wide rule (temp key, then final key): data is uploaded to
+`{prefix}.tmp/{uuid}` (multipart above the threshold) and then server-side copied to its key and
+the temp object deleted. A plain S3 PUT is already all-or-nothing; the temp key adds that a
+*failed or abandoned* upload never touches the final key, and that staging lives in one place
+(`.tmp/`) a bucket lifecycle rule can expire.
+
+Retries come in two layers. botocore's "standard" retry mode retries every request a few
+times with jittered backoff (throttling, 5xx, dropped connections), which covers blips and
+the parts of a multipart upload. On top, idempotent operations are retried for up to
+`retry_deadline_s` seconds while the endpoint is unreachable, so an S3 restart of a few tens of
+seconds is survived. After that the caller gets a StorageUnavailableError naming the endpoint,
+the operation and the key. `put_stream` retries each buffered part the same way, but its
+source iterator cannot be rewound, so a failure past the deadline fails the whole upload.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+import boto3.exceptions
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from storage.base import ObjectNotFound, StorageError, StorageUnavailableError, StoreBase
+from storage.keys import check_key
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+_NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
+_TRANSIENT_CODES = {
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "Throttling",
+    "ThrottlingException",
+}
+_TRANSIENT_EXC: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ConnectionError,  # refused, DNS, connect timeout
+    botocore.exceptions.HTTPClientError,  # closed mid-request, read timeout, streaming error
+    botocore.exceptions.IncompleteReadError,
+    boto3.exceptions.RetriesExceededError,  # s3transfer gave up on a download
+)
+
+
+_SESSION_LOCK = threading.Lock()
+_SESSION: boto3.session.Session | None = None
+
+
+def _new_client(**kwargs: Any) -> Any:
+    """A client from one process-wide boto3 session: the session caches the parsed S3 service
+    model, making each further client ~10x cheaper to build. Building clients from one session
+    is not thread-safe, hence the lock; the clients themselves are."""
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is None:
+            _SESSION = boto3.session.Session()
+        return _SESSION.client("s3", **kwargs)
+
+
+def _client_error_code(exc: BaseException) -> tuple[str, int]:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return str(err.get("Code", "")), int(status or 0)
+    return "", 0
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """boto3 wraps upload failures in S3UploadFailedError; classify on what it wraps."""
+    if isinstance(exc, boto3.exceptions.S3UploadFailedError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
+def _is_transient(exc: BaseException) -> bool:
+    exc = _root_cause(exc)
+    if isinstance(exc, _TRANSIENT_EXC):
+        return True
+    code, status = _client_error_code(exc)
+    return status >= 500 or code in _TRANSIENT_CODES
+
+
+class S3Store(StoreBase):
+    """Objects in `bucket` under `prefix` (key "a/b" is object "{prefix}a/b")."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        max_attempts: int = 5,
+        retry_deadline_s: float = 30.0,
+        multipart_threshold: int = 8 * MiB,
+        multipart_chunksize: int = 8 * MiB,
+        max_concurrency: int = 8,
+        create_bucket: bool = True,
+    ) -> None:
+        if prefix:
+            check_key(prefix, prefix=True)
+            prefix = prefix if prefix.endswith("/") else prefix + "/"
+        self.bucket = bucket
+        self.prefix = prefix
+        self.endpoint_url = endpoint_url
+        self.retry_deadline_s = retry_deadline_s
+        self._max_attempts = max_attempts
+        self._part_size = max(multipart_chunksize, 5 * MiB)  # S3's minimum part size
+        self._threshold = multipart_threshold
+        config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"mode": "standard", "max_attempts": max_attempts},
+            # Path-style for custom endpoints (SeaweedFS, MinIO) that have no wildcard DNS.
+            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            signature_version="s3v4",
+        )
+        self._client = _new_client(
+            endpoint_url=endpoint_url,
+            region_name=region,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            config=config,
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=self._part_size,
+            max_concurrency=max_concurrency,
+        )
+        if create_bucket:
+            self._ensure_bucket(region)
+
+    def __repr__(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"S3Store(s3://{self.bucket}/{self.prefix}{where})"
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def _k(self, key: str, *, prefix: bool = False) -> str:
+        return self.prefix + check_key(key, prefix=prefix)
+
+    def _tmp_key(self) -> str:
+        return f"{self.prefix}{self.TMP_DIR}/{uuid.uuid4().hex}"
+
+    def _error(self, exc: BaseException, op: str, key: str) -> StorageError:
+        cause = _root_cause(exc)
+        code, status = _client_error_code(cause)
+        if code in _NOT_FOUND_CODES:
+            return ObjectNotFound(key)
+        where = self.endpoint_url or "AWS S3"
+        if _is_transient(cause):
+            return StorageUnavailableError(
+                f"S3 {op} of {key!r} in bucket {self.bucket!r} failed: endpoint {where} "
+                f"unavailable ({type(cause).__name__}: {cause})"
+            )
+        detail = f"{code} (HTTP {status})" if code else f"{type(cause).__name__}: {cause}"
+        return StorageError(f"S3 {op} of {key!r} in bucket {self.bucket!r} failed: {detail}")
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run `fn`, retrying transient failures until `retry_deadline_s` has passed (on top of
+        botocore's own per-request retries); translate failures into StorageError."""
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = 0.25
+        while True:
+            try:
+                return fn()
+            except (
+                botocore.exceptions.BotoCoreError,
+                botocore.exceptions.ClientError,
+                boto3.exceptions.Boto3Error,
+            ) as exc:
+                if _is_transient(exc) and time.monotonic() + delay < deadline:
+                    log.warning(
+                        "S3 %s of %r failed (%s); retrying in %.2fs, giving up in %.1fs",
+                        op, key, type(_root_cause(exc)).__name__, delay,
+                        deadline - time.monotonic(),
+                    )  # fmt: skip
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)  # short cap: resume soon after S3 is back
+                    continue
+                raise self._error(exc, op, key) from exc
+
+    def _ensure_bucket(self, region: str | None) -> None:
+        """Create the bucket if it is missing (the embedded/dev setups start from nothing)."""
+        try:
+            self._call("head_bucket", "", lambda: self._client.head_bucket(Bucket=self.bucket))
+            return
+        except ObjectNotFound:
+            pass
+        kwargs: dict[str, Any] = {"Bucket": self.bucket}
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._call("create_bucket", "", lambda: self._client.create_bucket(**kwargs))
+        except StorageError as exc:
+            code, _ = _client_error_code(exc.__cause__ or exc)
+            if code not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                raise
+
+    def _publish(self, tmp: str, full_key: str, key: str) -> None:
+        """Server-side copy temp → final (multipart copy above the threshold, so objects over
+        CopyObject's 5 GiB limit work), then drop the temp object."""
+        self._call(
+            "copy",
+            key,
+            lambda: self._client.copy(
+                {"Bucket": self.bucket, "Key": tmp}, self.bucket, full_key, Config=self._transfer
+            ),
+        )
+        self._delete_raw(tmp, key)
+
+    def _delete_raw(self, full_key: str, key: str) -> None:
+        self._call(
+            "delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=full_key)
+        )
+
+    # --- writes -------------------------------------------------------------------------------
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> int:
+        """Upload the chunks to `key` atomically; return the byte count.
+
+        Parts are buffered one at a time (memory: one part), sent as a single PUT when the
+        whole stream fits under the multipart threshold. If `chunks` raises, the multipart
+        upload is aborted / the temp object deleted and the exception propagates.
+        """
+        full_key = self._k(key)
+        tmp = self._tmp_key()
+        it = iter(chunks)
+        buf = bytearray()
+        total = 0
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        try:
+            for chunk in it:
+                buf += chunk
+                total += len(chunk)
+                if upload_id is None and len(buf) < max(self._threshold, 1):
+                    continue
+                if upload_id is None:
+                    upload_id = self._call(
+                        "create_multipart_upload",
+                        key,
+                        lambda: self._client.create_multipart_upload(Bucket=self.bucket, Key=tmp),
+                    )["UploadId"]
+                while len(buf) >= self._part_size:
+                    self._upload_part(tmp, key, upload_id, parts, bytes(buf[: self._part_size]))
+                    del buf[: self._part_size]
+            if upload_id is None:
+                body = bytes(buf)
+                self._call(
+                    "put",
+                    key,
+                    lambda: self._client.put_object(Bucket=self.bucket, Key=tmp, Body=body),
+                )
+            else:
+                if buf or not parts:
+                    self._upload_part(tmp, key, upload_id, parts, bytes(buf))
+                uid = upload_id
+                self._call(
+                    "complete_multipart_upload",
+                    key,
+                    lambda: self._client.complete_multipart_upload(
+                        Bucket=self.bucket, Key=tmp, UploadId=uid, MultipartUpload={"Parts": parts}
+                    ),
+                )
+                upload_id = None  # completed: nothing to abort any more
+            self._publish(tmp, full_key, key)
+        except BaseException:
+            self._cleanup_failed_put(tmp, upload_id)
+            raise
+        return total
+
+    def _upload_part(
+        self, tmp: str, key: str, upload_id: str, parts: list[dict[str, Any]], data: bytes
+    ) -> None:
+        number = len(parts) + 1
+        resp = self._call(
+            "upload_part",
+            key,
+            lambda: self._client.upload_part(
+                Bucket=self.bucket, Key=tmp, UploadId=upload_id, PartNumber=number, Body=data
+            ),
+        )
+        parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+
+    def _cleanup_failed_put(self, tmp: str, upload_id: str | None) -> None:
+        """Best effort: the original error matters more than a failed cleanup (and `.tmp/` is
+        swept by `purge_temp` or a lifecycle rule)."""
+        try:
+            if upload_id is not None:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=tmp, UploadId=upload_id)
+            self._client.delete_object(Bucket=self.bucket, Key=tmp)
+        except Exception as exc:  # noqa: BLE001 - cleanup must not mask the real failure
+            log.debug("cleanup of temp object %r failed: %s", tmp, exc)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload a local file to `key` atomically (multipart, parallel parts above the
+        threshold). Retried as a whole while S3 is unreachable: the source can be re-read."""
+        full_key = self._k(key)
+        tmp = self._tmp_key()
+        src = str(path)
+        if not os.path.isfile(src):
+            raise FileNotFoundError(src)
+        try:
+            self._call(
+                "upload",
+                key,
+                lambda: self._client.upload_file(src, self.bucket, tmp, Config=self._transfer),
+            )
+            self._publish(tmp, full_key, key)
+        except BaseException:
+            self._cleanup_failed_put(tmp, None)
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.put_stream(key, [bytes(data)])
+
+    # --- reads --------------------------------------------------------------------------------
+    def get_stream(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """Chunks of the object. The GET is issued now (a missing key raises ObjectNotFound
+        here, not at the first `next()`). A connection dropped mid-body is resumed with a
+        ranged GET pinned to the same ETag, so a long download survives a blip without
+        silently mixing two versions of the object."""
+        full_key = self._k(key)
+        resp = self._call(
+            "get", key, lambda: self._client.get_object(Bucket=self.bucket, Key=full_key)
+        )
+        return self._iter_body(key, full_key, resp, chunk_size)
+
+    def _iter_body(
+        self, key: str, full_key: str, resp: dict[str, Any], chunk_size: int
+    ) -> Iterator[bytes]:
+        total = int(resp["ContentLength"])
+        etag = resp.get("ETag")
+        body = resp["Body"]
+        offset = 0
+        resumes = 0
+        try:
+            while True:
+                try:
+                    for chunk in body.iter_chunks(chunk_size):
+                        offset += len(chunk)
+                        yield chunk
+                    if offset >= total:
+                        return
+                    raise botocore.exceptions.IncompleteReadError(
+                        actual_bytes=offset, expected_bytes=total
+                    )
+                except _TRANSIENT_EXC as exc:
+                    body.close()
+                    resumes += 1
+                    if resumes > self._max_attempts:
+                        raise self._error(exc, "get", key) from exc
+                    again = self._call("get", key, partial(self._get_range, full_key, offset, etag))
+                    body = again["Body"]
+        finally:
+            body.close()
+
+    def _get_range(self, full_key: str, start: int, etag: str | None) -> dict[str, Any]:
+        extra = {"IfMatch": etag} if etag else {}
+        return self._client.get_object(
+            Bucket=self.bucket, Key=full_key, Range=f"bytes={start}-", **extra
+        )
+
+    def download_file(self, key: str, path: Path) -> None:
+        """Download to `path` atomically: a temporary sibling file (parallel ranged GETs above
+        the threshold), fsync, rename."""
+        full_key = self._k(key)
+        dest = Path(path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        os.close(fd)
+        try:
+            self._call(
+                "download",
+                key,
+                lambda: self._client.download_file(
+                    self.bucket, full_key, name, Config=self._transfer
+                ),
+            )
+            with open(name, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(name, dest)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
+
+    def _head(self, key: str) -> dict[str, Any]:
+        full_key = self._k(key)
+        return self._call(
+            "head", key, lambda: self._client.head_object(Bucket=self.bucket, Key=full_key)
+        )
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def _list_full(self, full_prefix: str, what: str) -> list[str]:
+        def run() -> list[str]:
+            out: list[str] = []
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full_prefix
+            )
+            for page in pages:
+                out.extend(obj["Key"] for obj in page.get("Contents", []))
+            return out
+
+        return self._call("list", what, run)
+
+    def list(self, prefix: str) -> list[str]:
+        """Sorted keys starting with `prefix` (relative to the store's own prefix), without the
+        store's temporary objects."""
+        full = self._k(prefix, prefix=True)
+        n = len(self.prefix)
+        tmp_root = f"{self.prefix}{self.TMP_DIR}/"
+        return sorted(k[n:] for k in self._list_full(full, prefix) if not k.startswith(tmp_root))
+
+    # --- deletes and moves --------------------------------------------------------------------
+    def delete(self, key: str) -> None:
+        """Delete `key`; a missing key is fine (S3 DELETE is idempotent)."""
+        self._delete_raw(self._k(key), key)
+
+    def _delete_many(self, full_keys: list[str], what: str) -> None:
+        for i in range(0, len(full_keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = [{"Key": k} for k in full_keys[i : i + 1000]]
+            resp = self._call(
+                "delete_prefix",
+                what,
+                partial(
+                    self._client.delete_objects,
+                    Bucket=self.bucket,
+                    Delete={"Objects": batch, "Quiet": True},
+                ),
+            )
+            errors = resp.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StorageError(
+                    f"S3 delete_prefix of {what!r} failed for {len(errors)} key(s), e.g. "
+                    f"{first.get('Key')!r}: {first.get('Code')} {first.get('Message')}"
+                )
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key starting with `prefix`; an empty prefix (the whole store) is
+        refused."""
+        if not prefix:
+            raise ValueError("refusing to delete an empty prefix (the whole store)")
+        full = self._k(prefix, prefix=True)
+        self._delete_many(self._list_full(full, prefix), prefix)
+
+    def move(self, src: str, dst: str) -> None:
+        """Server-side copy `src` → `dst`, then delete `src`. Each step is idempotent, so a
+        retry after a lost response is safe; a reader sees `dst` appear whole."""
+        src_full, dst_full = self._k(src), self._k(dst)
+        self._call(
+            "move",
+            src,
+            lambda: self._client.copy(
+                {"Bucket": self.bucket, "Key": src_full},
+                self.bucket,
+                dst_full,
+                Config=self._transfer,
+            ),
+        )
+        self._delete_raw(src_full, src)
+
+    def presigned_url(self, key: str, expires: int = 3600) -> str | None:
+        """A time-limited GET URL (signed locally; no request is made, so the object's
+        existence is not checked)."""
+        full_key = self._k(key)
+        return str(
+            self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": full_key}, ExpiresIn=expires
+            )
+        )
+
+    # --- maintenance --------------------------------------------------------------------------
+    def purge_temp(self, older_than_s: float = 24 * 3600) -> int:
+        """Delete temporary objects left by crashed writers; return how many. (Incomplete
+        multipart uploads are best expired by a bucket lifecycle rule.)"""
+        tmp_root = f"{self.prefix}{self.TMP_DIR}/"
+        cutoff = time.time() - older_than_s
+
+        def run() -> list[str]:
+            old: list[str] = []
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=tmp_root
+            ):
+                for obj in page.get("Contents", []):
+                    if obj["LastModified"].timestamp() < cutoff:
+                        old.append(obj["Key"])
+            return old
+
+        old = self._call("list", tmp_root, run)
+        self._delete_many(old, tmp_root)
+        return len(old)

@@ -1,0 +1,116 @@
+"""Key builders and key checks: ids only, no way out of a store's root."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from storage import LocalStore
+from storage.keys import (
+    check_id,
+    check_key,
+    checkpoint_prefix,
+    file_key,
+    job_prefix,
+    parse_checkpoint_step,
+    report_key,
+    upload_key,
+)
+
+BAD_IDS = [
+    "",
+    "../x",
+    "..",
+    ".",
+    "/etc/passwd",
+    "a/../../b",
+    "a/b",
+    "a\x00b",
+    "a b",
+    "-leading-dash",
+    "_leading",
+    "x" * 65,
+    "é",
+    "a\nb",
+    "a.b",
+    "a\\b",
+]
+
+
+def test_layout():
+    assert file_key("team1", "file_1") == "team1/files/file_1.jsonl"
+    assert upload_key("team1", "file_1") == "team1/uploads/file_1.jsonl"
+    assert job_prefix("team1", "job-1") == "team1/job-1/"
+    assert checkpoint_prefix("team1", "job-1", 0) == "team1/job-1/step-0/"
+    assert checkpoint_prefix("team1", "job-1", 250) == "team1/job-1/step-250/"
+    assert report_key("team1", "job-1", "eval.json") == "team1/job-1/reports/eval.json"
+    assert parse_checkpoint_step("team1/job-1/step-250/") == 250
+    assert check_id("x" * 64) == "x" * 64
+
+
+@pytest.mark.parametrize("bad", BAD_IDS + [None, 5])
+def test_bad_ids_rejected(bad):
+    with pytest.raises(ValueError):
+        file_key(bad, "f1")
+    with pytest.raises(ValueError):
+        file_key("t1", bad)
+    with pytest.raises(ValueError):
+        checkpoint_prefix("t1", bad, 1)
+    with pytest.raises(ValueError):
+        report_key(bad, "j1", "eval.json")
+
+
+@pytest.mark.parametrize("step", [-1, True, 1.0, "1", None])
+def test_bad_steps_rejected(step):
+    with pytest.raises(ValueError):
+        checkpoint_prefix("t1", "j1", step)
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "..", "a/b", "/etc/passwd", "x\x00", "", ".hidden", "a..b"]
+)
+def test_bad_report_names_rejected(name):
+    with pytest.raises(ValueError):
+        report_key("t1", "j1", name)
+
+
+@pytest.mark.parametrize("job", ["files", "uploads"])
+def test_job_ids_cannot_shadow_team_namespaces(job):
+    with pytest.raises(ValueError):
+        job_prefix("t1", job)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["../x", "/etc/passwd", "a/../../b", "..", ".", "a/.", "a//b", "a/", "a\x00", "a\x7f",
+     "a\\..\\b", "", ".tmp/x", ".tmp", "x" * 1025, "é" * 513],
+)  # fmt: skip
+def test_check_key_rejects(key):
+    with pytest.raises(ValueError):
+        check_key(key)
+
+
+def test_check_key_prefix_mode():
+    assert check_key("", prefix=True) == ""
+    assert check_key("a/b/", prefix=True) == "a/b/"
+    assert check_key("a/b", prefix=True) == "a/b"
+    for bad in ["../", "a/../", "/a/", "a//", ".tmp/"]:
+        with pytest.raises(ValueError):
+            check_key(bad, prefix=True)
+
+
+def test_local_store_refuses_symlink_escape(tmp_path: Path):
+    """Key rules forbid '..'; the LocalStore also checks where a path really lands, so a
+    symlink planted inside the root cannot lead outside it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    store = LocalStore(tmp_path / "root")
+    os.symlink(outside, store.root / "link")
+    with pytest.raises(ValueError, match="outside"):
+        store.get_stream("link/secret")
+    with pytest.raises(ValueError, match="outside"):
+        store.put_bytes("link/new", b"x")
+    assert sorted(os.listdir(outside)) == ["secret"]
