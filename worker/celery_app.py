@@ -1,0 +1,109 @@
+"""The Celery application of the workers.
+
+    celery -A worker.celery_app worker -Q celery,cpu,gpu --pool=solo -c 1     # one job at a time
+
+Settings (environment, see worker.config.WorkerSettings): BROKER_URL (redis:// or amqp://),
+DATABASE_URL, STORAGE_URL (+ S3_*/AWS_*), LEASE_SECONDS, HEARTBEAT_SECONDS, REAPER_SECONDS,
+STALE_QUEUED_SECONDS, WORKER_DIR, WORKER_GPUS, WORKER_CPU_MODELS.
+
+Queues:
+  * `cpu`, `gpu`: where jobs run; worker.routing.queue_for decides per job (metadata `gpus`,
+    else the base model). A GPU machine consumes `gpu`, a CPU machine `cpu`.
+  * the ingress queue: CELERY_QUEUE, or Celery's default `celery`. The API sends every
+    run_job there, because it cannot route without reading the job (and it never imports
+    worker code). A worker that receives a job on a queue other than the job's own forwards
+    it there (one hop; the route of a job never changes, so it cannot bounce). So at least
+    one kind of worker must consume the ingress queue (the command above consumes all three;
+    a worker started without -Q consumes every queue declared here).
+  * The reaper sends straight to the job's own queue.
+
+Reliability: acks_late + prefetch 1 + reject_on_worker_lost: a message is acknowledged when
+the task returns, and a worker that dies loses nothing the broker had. The DB decides who
+runs a job (claim), so redeliveries (Redis visibility timeout, a killed worker) are no-ops
+while the job's lease is valid; a dead worker's job is requeued by the reaper once its lease
+has expired. A jobs may be longer than the Redis visibility timeout (1 h): the redelivered
+copy finds the job leased and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, signals
+from kombu import Queue
+
+from models.db import make_engine, make_session_factory
+from models.tables import Job
+from worker.config import get_worker_settings
+from worker.reaper import ReaperThread, reap_and_requeue
+from worker.routing import CPU_QUEUE, GPU_QUEUE, queue_for
+
+log = logging.getLogger("humanline.worker")
+
+settings = get_worker_settings()
+INGRESS_QUEUE = settings.CELERY_QUEUE or "celery"
+QUEUE_NAMES = tuple(dict.fromkeys((INGRESS_QUEUE, CPU_QUEUE, GPU_QUEUE)))
+RUN_JOB = "worker.tasks.run_job"
+
+app = Celery("humanline", broker=settings.BROKER_URL, include=["worker.tasks"])
+app.conf.update(
+    task_acks_late=True,
+    worker_prefetch_multiplier=1,
+    task_reject_on_worker_lost=True,
+    task_serializer="json",
+    accept_content=["json"],
+    result_serializer="json",
+    task_ignore_result=True,
+    task_queues=[Queue(name) for name in QUEUE_NAMES],
+    task_default_queue=INGRESS_QUEUE,
+    broker_connection_retry_on_startup=True,
+    worker_send_task_events=False,
+    task_send_sent_event=False,
+)
+
+
+def job_queue(sessions, job_id: str) -> str | None:
+    """The queue `job_id` belongs on (None: no such job)."""
+    with sessions() as s:
+        row = s.get(Job, job_id)
+        if row is None:
+            return None
+        return queue_for(row.base_model, row.meta, settings.cpu_models)
+
+
+def send_run_job(sessions, job_id: str) -> None:
+    """run_job(job_id) on the job's own queue."""
+    queue = job_queue(sessions, job_id) or INGRESS_QUEUE
+    app.send_task(RUN_JOB, args=[job_id], queue=queue)
+
+
+# --- the reaper thread of every worker process ----------------------------------------------
+
+_reaper: dict[str, Any] = {}
+
+
+@signals.worker_ready.connect
+def _start_reaper(**_: Any) -> None:
+    """Runs in the worker's main process once it consumes (solo and prefork alike)."""
+    sessions = make_session_factory(make_engine(settings.DATABASE_URL))
+
+    def sweep() -> list[str]:
+        return reap_and_requeue(
+            sessions,
+            lambda job_id: send_run_job(sessions, job_id),
+            max_attempts=settings.MAX_JOB_ATTEMPTS,
+            stale_queued_seconds=settings.STALE_QUEUED_SECONDS,
+        )
+
+    thread = ReaperThread(sweep, settings.REAPER_SECONDS)
+    thread.start()
+    _reaper["thread"] = thread
+    log.info("reaper running every %.1fs", settings.REAPER_SECONDS)
+
+
+@signals.worker_shutdown.connect
+def _stop_reaper(**_: Any) -> None:
+    thread = _reaper.pop("thread", None)
+    if thread is not None:
+        thread.stop()

@@ -1,0 +1,85 @@
+"""Worker settings: the service's one Settings class plus the knobs only workers read.
+
+Every field is an environment variable of the same name, like models.settings.Settings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from functools import lru_cache
+
+from pydantic import Field
+
+from models.settings import Settings
+
+
+class WorkerSettings(Settings):
+    WORKER_DIR: str = Field(
+        "./.humanline/work",
+        description="Local scratch: one run directory per job attempt (data, checkpoints).",
+    )
+    WORKER_GPUS: str = Field(
+        "",
+        description="Comma-separated CUDA device ids this worker owns, e.g. '0,1,2,3'; empty "
+        "= a CPU worker. A job uses all of them unless its metadata says `gpus: N`.",
+    )
+    WORKER_CPU_MODELS: str = Field(
+        "tiny-llama",
+        description="Base models small enough for the `cpu` queue; every other job is routed "
+        "to `gpu` (worker.routing.queue_for).",
+    )
+    WORKER_POLL_SECONDS: float = Field(
+        0.5, gt=0, description="How often the runner tails the trainer's files and uploads."
+    )
+    REAPER_SECONDS: float = Field(
+        15.0, gt=0, description="Period of the reaper sweep in every worker process."
+    )
+    STALE_QUEUED_SECONDS: float = Field(
+        600.0,
+        gt=0,
+        description="A job queued this long without a change gets its task sent again "
+        "(a lost broker message); duplicates are harmless, claim() lets one win.",
+    )
+    TRAINER_PYTHON: str = Field(sys.executable, description="Interpreter for the trainer.")
+    KEEP_RUN_DIRS: bool = Field(
+        False, description="Keep run directories after a job ends (debugging)."
+    )
+    STDERR_TAIL_BYTES: int = Field(
+        4000, ge=100, description="How much of a failed trainer's stderr goes into job.error."
+    )
+
+    @property
+    def gpu_ids(self) -> list[str]:
+        return [g.strip() for g in self.WORKER_GPUS.split(",") if g.strip()]
+
+    @property
+    def cpu_models(self) -> frozenset[str]:
+        return frozenset(m.strip() for m in self.WORKER_CPU_MODELS.split(",") if m.strip())
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """Renew well inside the lease whatever HEARTBEAT_SECONDS says: a lease of 5 s with
+        the default 30 s heartbeat would expire between beats."""
+        return max(0.2, min(self.HEARTBEAT_SECONDS, self.LEASE_SECONDS / 3))
+
+
+def as_worker_settings(settings: Settings) -> WorkerSettings:
+    """The API's Settings (e.g. handed to worker.embedded.start) as WorkerSettings: its
+    values win, the worker-only fields come from the environment or their defaults."""
+    if isinstance(settings, WorkerSettings):
+        return settings
+    return WorkerSettings(**settings.model_dump())
+
+
+@lru_cache
+def get_worker_settings() -> WorkerSettings:
+    return WorkerSettings()
+
+
+def new_worker_id() -> str:
+    """Lease owner of one job attempt: host, pid and a random part (a restarted process
+    with a recycled pid must not pass for its predecessor)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

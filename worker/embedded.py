@@ -1,0 +1,110 @@
+"""The embedded worker (BROKER_URL=memory://): jobs run in a background thread of the API
+process, with the same Runner as the Celery workers, plus the reaper. No broker, no
+external services: SQLite and a local object store are enough.
+
+    handle = worker.embedded.start(settings)   # api.cli serve does this
+    worker.embedded.enqueue(job_id)            # api.deps.EmbeddedQueue, after the commit
+    handle.stop()                              # asks a running trainer to checkpoint; the
+                                               # job goes back to `queued`
+
+Jobs run one at a time, in order. Ids enqueued before start() wait for it. At start the
+reaper also re-sends every queued job at once (a restarted server picks its queue up again);
+a job left `running` by a process that died is requeued when its lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from models.db import make_engine, make_session_factory
+from models.settings import Settings
+from storage import open_store
+from worker.config import WorkerSettings, as_worker_settings
+from worker.reaper import ReaperThread, reap_and_requeue
+from worker.runner import Runner
+
+log = logging.getLogger("humanline.worker.embedded")
+
+_jobs: queue.Queue[str | None] = queue.Queue()
+_lock = threading.Lock()
+_current: EmbeddedWorker | None = None
+
+
+def enqueue(job_id: str) -> None:
+    """Hand a committed job to the in-process worker (it runs once start() was called)."""
+    _jobs.put(job_id)
+
+
+class EmbeddedWorker:
+    def __init__(self, settings: WorkerSettings):
+        self.settings = settings
+        self.sessions = make_session_factory(make_engine(settings.DATABASE_URL))
+        self.store = open_store(settings.STORAGE_URL, **settings.storage_options())
+        self._stopping = threading.Event()
+        self.runner = Runner(
+            settings, self.sessions, self.store, send=enqueue, should_stop=self._stopping.is_set
+        )
+        self.thread = threading.Thread(target=self._loop, name="humanline-embedded", daemon=True)
+        self._first_sweep = True
+        self.reaper = ReaperThread(self._sweep, settings.REAPER_SECONDS)
+
+    def _sweep(self) -> list[str]:
+        # First sweep: every queued job is ours to (re)start; later ones only the stale.
+        stale = 1e-6 if self._first_sweep else self.settings.STALE_QUEUED_SECONDS
+        self._first_sweep = False
+        return reap_and_requeue(
+            self.sessions,
+            enqueue,
+            max_attempts=self.settings.MAX_JOB_ATTEMPTS,
+            stale_queued_seconds=stale,
+        )
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            job_id = _jobs.get()
+            if job_id is None:  # stop()'s wake-up (or a stale one from an earlier worker)
+                continue
+            if self._stopping.is_set():
+                _jobs.put(job_id)  # keep it for a later start()
+                break
+            try:
+                outcome = self.runner.run(job_id)
+                log.info("job %s: %s", job_id, outcome)
+            except Exception:
+                log.exception("job %s: the embedded worker failed", job_id)
+
+    def start(self) -> EmbeddedWorker:
+        self.thread.start()
+        self.reaper.start()
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop taking jobs; a running job checkpoints at its next step and is released."""
+        self._stopping.set()
+        self.reaper.stop()
+        _jobs.put(None)  # wakes the loop if it is idle
+        self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+def start(settings: Settings) -> EmbeddedWorker:
+    """Start the in-process worker (once per process; later calls return the same one)."""
+    global _current
+    with _lock:
+        if _current is not None and _current.alive:
+            return _current
+        _current = EmbeddedWorker(as_worker_settings(settings)).start()
+        return _current
+
+
+def stop(timeout: float = 60.0) -> None:
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.stop(timeout)
+            _current = None

@@ -1,0 +1,142 @@
+"""Where a job runs and how the trainer is started: queue, process count, devices, argv.
+
+Routing rule (one place, documented in README terms):
+  * job metadata `gpus` (a string, as all metadata) set to an integer N: N >= 1 → `gpu`,
+    N = 0 → `cpu`;
+  * otherwise the base model decides: models named in WORKER_CPU_MODELS (default
+    "tiny-llama") → `cpu`, every other model → `gpu`.
+
+Process count of an attempt (`placement`):
+  1. resuming: the checkpoint's world size (state.json), because optimizer and RNG state are
+     per process and the trainer refuses another count;
+  2. else metadata `gpus` = N (N >= 1);
+  3. else every GPU of the worker (WORKER_GPUS), or 1 process on a CPU worker.
+N > 1 runs `accelerate launch --num_processes N` (DDP); CUDA_VISIBLE_DEVICES is always set,
+to the first N of the worker's GPUs, or to "" on a CPU worker so a job never grabs a GPU the
+worker was not given.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CPU_QUEUE = "cpu"
+GPU_QUEUE = "gpu"
+WORKER_QUEUES = (CPU_QUEUE, GPU_QUEUE)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class PlacementError(ValueError):
+    """The job cannot run on this worker (asks more GPUs than it has, bad metadata)."""
+
+
+def requested_gpus(metadata: dict[str, Any] | None) -> int | None:
+    """metadata["gpus"] as an int, None when absent; PlacementError when malformed."""
+    raw = (metadata or {}).get("gpus")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise PlacementError(f"metadata gpus must be a non-negative integer, got {raw!r}") from None
+    if value < 0:
+        raise PlacementError(f"metadata gpus must be a non-negative integer, got {raw!r}")
+    return value
+
+
+def queue_for(base_model: str, metadata: dict[str, Any] | None, cpu_models: frozenset[str]) -> str:
+    """The queue a job belongs on (see the module docstring)."""
+    try:
+        gpus = requested_gpus(metadata)
+    except PlacementError:
+        gpus = None  # the runner fails the job with the message; route it by model meanwhile
+    if gpus is not None:
+        return GPU_QUEUE if gpus > 0 else CPU_QUEUE
+    return CPU_QUEUE if base_model in cpu_models else GPU_QUEUE
+
+
+@dataclass(frozen=True)
+class Placement:
+    num_processes: int
+    gpu_ids: tuple[str, ...]  # empty: CPU
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(self.gpu_ids)
+
+
+def placement(
+    metadata: dict[str, Any] | None, worker_gpus: list[str], resume_world_size: int | None = None
+) -> Placement:
+    """How many processes an attempt uses and on which devices (module docstring)."""
+    asked = requested_gpus(metadata)
+    if resume_world_size is not None:
+        n = resume_world_size
+    elif asked:
+        n = asked
+    else:
+        n = max(1, len(worker_gpus))
+    if worker_gpus:
+        if n > len(worker_gpus):
+            why = "its checkpoint was written by" if resume_world_size else "it asks for"
+            raise PlacementError(
+                f"the job needs {n} GPUs ({why} {n} processes); this worker has "
+                f"{len(worker_gpus)} (WORKER_GPUS={','.join(worker_gpus)})"
+            )
+        return Placement(n, tuple(worker_gpus[:n]))
+    if asked and resume_world_size is None:
+        raise PlacementError(f"the job asks for {asked} GPUs; this worker has none")
+    return Placement(n, ())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_command(
+    python: str,
+    spec_path: Path,
+    run_dir: Path,
+    *,
+    resume: bool,
+    place: Placement,
+    main_process_port: int | None = None,
+) -> list[str]:
+    """argv of one attempt: `python -m trainer run ...`, or under `accelerate launch` for
+    more than one process (each job gets its own rendezvous port, so two multi-GPU jobs on
+    one machine do not collide on accelerate's default 29500)."""
+    run = ["-m", "trainer", "run", str(spec_path), "--out", str(run_dir), "--no-progress"]
+    if resume:
+        run.append("--resume")
+    if place.num_processes == 1:
+        return [python, *run]
+    launch = [
+        python, "-m", "accelerate.commands.launch",
+        "--num_processes", str(place.num_processes),
+        "--num_machines", "1",
+        "--main_process_port", str(main_process_port or free_port()),
+        "--mixed_precision", "no",  # the spec's precision is applied by the trainer itself
+        "--dynamo_backend", "no",
+    ]  # fmt: skip
+    if place.gpu_ids:
+        launch.append("--multi_gpu")  # devices: CUDA_VISIBLE_DEVICES (trainer_env)
+    else:
+        launch.append("--cpu")
+    return [*launch, *run]
+
+
+def trainer_env(place: Placement, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The trainer's environment: ours, plus the project on PYTHONPATH (the worker may run
+    from another directory without the package installed) and its devices."""
+    env = dict(os.environ if base is None else base)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
+    env["CUDA_VISIBLE_DEVICES"] = place.cuda_visible_devices
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env

@@ -1,0 +1,73 @@
+"""Celery tasks. Thin: the work is worker.runner.Runner (shared with the embedded worker).
+
+`celery -A worker.tasks worker` works too (the app is re-exported here).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+from celery.worker import state as worker_state
+
+from models.db import make_engine, make_session_factory
+from storage import open_store
+from worker.celery_app import RUN_JOB, app, job_queue, send_run_job, settings
+from worker.reaper import reap_and_requeue
+from worker.runner import Runner
+
+__all__ = ["app", "reap", "run_job"]
+
+log = logging.getLogger("humanline.worker")
+
+
+def _stopping() -> bool:
+    """A warm shutdown (SIGTERM) was requested: checkpoint, give the job back, exit."""
+    return worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (
+        None,
+        False,
+    )
+
+
+@lru_cache
+def runner() -> Runner:
+    """One per worker process, made on first use (after a prefork child has forked)."""
+    sessions = make_session_factory(make_engine(settings.DATABASE_URL))
+    store = open_store(settings.STORAGE_URL, **settings.storage_options())
+    return Runner(
+        settings,
+        sessions,
+        store,
+        send=lambda job_id: send_run_job(sessions, job_id),
+        should_stop=_stopping,
+    )
+
+
+@app.task(name=RUN_JOB, bind=True)
+def run_job(self, job_id: str) -> str | None:
+    """Run one job; safe to deliver twice. Forwarded once if it arrived on another queue
+    than the job's own (the API sends everything to the ingress queue)."""
+    r = runner()
+    delivered_on = (self.request.delivery_info or {}).get("routing_key")
+    target = job_queue(r.sessions, job_id)
+    if target is None:
+        log.warning("run_job: no job %s", job_id)
+        return None
+    if delivered_on and delivered_on != target:
+        app.send_task(RUN_JOB, args=[job_id], queue=target)
+        log.info("job %s forwarded from queue %s to %s", job_id, delivered_on, target)
+        return f"forwarded:{target}"
+    return r.run(job_id)
+
+
+@app.task(name="worker.tasks.reap")
+def reap() -> list[str]:
+    """The reaper sweep as a task, for a Celery beat schedule (the worker threads do the
+    same without beat)."""
+    r = runner()
+    return reap_and_requeue(
+        r.sessions,
+        lambda job_id: send_run_job(r.sessions, job_id),
+        max_attempts=settings.MAX_JOB_ATTEMPTS,
+        stale_queued_seconds=settings.STALE_QUEUED_SECONDS,
+    )
