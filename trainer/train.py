@@ -97,6 +97,7 @@ class Trainer:
             every=spec.humanline_params.sync_every, total=self.total, accum=spec.grad_accum,
         )
         self.humanline = spec.humanline_params if spec.humanline else None
+        self._batches: dict[tuple[int, int], TokenBatch] = {}
 
         # ---- resume, or step 0 ----------------------------------------------------------------
         self.start = 0
@@ -116,9 +117,16 @@ class Trainer:
         self.model.train()
 
     def batch_for(self, step: int, micro: int) -> TokenBatch:
-        """This process's micro-batch `micro` of `step`: a pure function of the plan."""
-        rows = self.recipe.rows(self.examples, self.plan.micro(step, micro), self.chat)
-        return collate(rows, self.tokenizer.pad_token_id)
+        """This process's micro-batch `micro` of `step`: a pure function of the plan.
+
+        Kept until its step has run, so a batch the lookahead reference scored early is not
+        collated twice.
+        """
+        key = (step, micro)
+        if key not in self._batches:
+            rows = self.recipe.rows(self.examples, self.plan.micro(step, micro), self.chat)
+            self._batches[key] = collate(rows, self.tokenizer.pad_token_id)
+        return self._batches[key]
 
     def _data_quality(self) -> None:
         pad = self.tokenizer.pad_token_id
@@ -135,6 +143,7 @@ class Trainer:
         t0 = time.perf_counter()
         micro = [self.plan.micro(step, m) for m in range(accum)]
         batches = [self.batch_for(step, m) for m in range(accum)]
+        self._batches = {key: b for key, b in self._batches.items() if key[0] > step}  # used now
         ctx = LossContext(humanline=self.humanline, length_normalize=spec.length_normalize)
         if self.humanline is not None and self.humanline.mode == "sample":
             # a per-step stream, so a resumed run draws the same Beta samples

@@ -1,0 +1,246 @@
+"""What humanline syncing costs, and how our DPO step compares with TRL's.
+
+Figures (targets from the trainer issue):
+  A. step time offline+humanline (k=1) ÷ offline, LoRA and full fine-tuning (≤ 1.03): both
+     trainers live in this process and their steps are interleaved, so machine drift cancels.
+     Also the sync's own time (our lookahead refresh) and, for scale, one in-place copy of the
+     trainable weights (what a copy-based sync would add).
+  B. peak RSS offline+humanline ÷ offline (LoRA ≤ 1.02; full ≤ 1.0): one child process each.
+  C. our humanline DPO step ÷ TRL DPOTrainer at defaults with sync_ref_model=True,
+     ref_model_sync_steps=1, ref_model_mixup_alpha=1.0 (≤ 0.70), full fine-tuning, same batch:
+     interleaved in one process (our step runs inside TRL's step-end callback); peak RSS from
+     one child each (ours ≤ TRL's).
+
+Batch: 4 pairs of ~64 prompt + 64 chosen + 64 rejected tokens, fp32, CPU threads as given.
+`--quick` runs the same on tiny-llama in under a minute (the targets apply to SmolLM2).
+The last line printed is one JSON object with every figure and its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM). Not getrusage: Linux carries ru_maxrss across execve,
+    so a child would report its (larger) parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _text(tokenizer, n_tokens: int, render) -> str:
+    """The shortest word string whose rendering reaches n_tokens tokens."""
+    words: list[str] = []
+    while len(tokenizer(render(" ".join(words)), add_special_tokens=False)["input_ids"]) < n_tokens:
+        words.append(WORDS[len(words) % len(WORDS)])
+    return " ".join(words)
+
+
+def make_data(model: str, path: Path, n: int = 64, tokens: int = 64) -> Path:
+    """Conversational pairs whose templated prompt and completions are each ~`tokens` long."""
+    from trainer.modeling import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model(model))
+    render_prompt = lambda s: tok.apply_chat_template([{"role": "user", "content": s}], tokenize=False, add_generation_prompt=True)  # noqa: E731
+    prompt = _text(tok, tokens, render_prompt)
+    answer = _text(tok, tokens - 2, lambda s: s + (tok.eos_token or ""))
+    rows = []
+    for i in range(n):
+        rows.append({
+            "prompt": [{"role": "user", "content": f"{i} {prompt}"}],
+            "chosen": [{"role": "assistant", "content": f"yes {answer}"}],
+            "rejected": [{"role": "assistant", "content": f"no {answer}"}],
+        })
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def make_spec(model: str, data: Path, variant: str, adapter: str, steps: int):
+    from trainer.spec.job import JobSpec
+
+    return JobSpec.model_validate({
+        "base_model": model, "training_file": str(data), "objective": "dpo", "variant": variant,
+        "batch_size": 4, "max_steps": steps, "max_prompt_length": 72, "max_length": 144,
+        "quality_sample": 0, "adapter": {"kind": "lora", "r": 16, "alpha": 32} if adapter == "lora" else {"kind": "none"},
+    })
+
+
+# ---- A: interleaved step times ----------------------------------------------------------------
+def interleaved(model: str, data: Path, adapter: str, steps: int) -> dict:
+    import torch
+
+    from trainer.train import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        off = Trainer(make_spec(model, data, "offline", adapter, steps), Path(tmp) / "off", progress=False)
+        hl = Trainer(make_spec(model, data, "offline+humanline", adapter, steps), Path(tmp) / "hl", progress=False)
+        t_off, t_hl, t_sync = [], [], []
+        for s in range(1, steps + 1):
+            first, second = (off, hl) if s % 2 else (hl, off)  # alternate who goes first
+            a, b = first.step(s), second.step(s)
+            m_off, m_hl = (a, b) if first is off else (b, a)
+            if s > 1:  # step 1 warms caches and allocators
+                t_off.append(m_off["step_time"])
+                t_hl.append(m_hl["step_time"])
+                t_sync.append(m_hl["sync_time"])
+        params = [p for p in hl.model.parameters() if p.requires_grad]
+        shadow = [p.detach().clone() for p in params]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for dst, src in zip(shadow, params):
+                dst.copy_(src)
+        copy_s = time.perf_counter() - t0
+    med_off, med_hl = statistics.median(t_off), statistics.median(t_hl)
+    return {"offline_step_s": med_off, "humanline_step_s": med_hl, "ratio": med_hl / med_off,
+            "sync_s": statistics.median(t_sync), "weight_copy_s": copy_s,
+            "trainable_params": sum(p.numel() for p in params)}
+
+
+# ---- B / C children: one configuration per process, for honest peak RSS ---------------------------
+def child_ours(model: str, data: Path, variant: str, adapter: str, steps: int) -> dict:
+    from trainer.train import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tr = Trainer(make_spec(model, data, variant, adapter, steps), Path(tmp), progress=False)
+        times = [tr.step(s)["step_time"] for s in range(1, steps + 1)]
+    return {"peak_rss_mb": peak_rss_mb(), "step_s": statistics.median(times[1:] or times)}
+
+
+def trl_trainer(model: str, data: Path, steps: int, out: str, callbacks=()):
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM
+    from trl import DPOConfig, DPOTrainer
+
+    from trainer.modeling import load_tokenizer, resolve_model
+
+    model_dir = resolve_model(model)
+    cfg = DPOConfig(
+        output_dir=out, per_device_train_batch_size=4, max_steps=steps, max_length=144,
+        sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0,
+        learning_rate=5e-6, report_to=[], save_strategy="no", logging_steps=10**6,
+        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir), args=cfg,
+        train_dataset=load_dataset("json", data_files=str(data), split="train"),
+        processing_class=load_tokenizer(model_dir),
+    )
+    for cb in callbacks:  # added last: runs after TRL's own sync callback
+        trainer.add_callback(cb)
+    return trainer
+
+
+def child_trl(model: str, data: Path, steps: int) -> dict:
+    from transformers import TrainerCallback
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trl_trainer(model, data, steps, tmp, [Timer()]).train()
+    return {"peak_rss_mb": peak_rss_mb(), "step_s": statistics.median(times[1:] or times)}
+
+
+def versus_trl(model: str, data: Path, steps: int) -> dict:
+    """TRL's steps and ours interleaved: ours runs inside TRL's step-end callback."""
+    from transformers import TrainerCallback
+
+    from trainer.train import Trainer
+
+    t_trl, t_ours = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = Trainer(make_spec(model, data, "offline+humanline", "full", steps), Path(tmp) / "ours", progress=False)
+
+        class Interleave(TrainerCallback):
+            def on_step_begin(self, *a, **k):
+                self.t0 = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **k):
+                t_trl.append(time.perf_counter() - self.t0)
+                t_ours.append(ours.step(state.global_step)["step_time"])
+
+        trl_trainer(model, data, steps, str(Path(tmp) / "trl"), [Interleave()]).train()
+    trl_s, ours_s = statistics.median(t_trl[1:]), statistics.median(t_ours[1:])
+    return {"trl_step_s": trl_s, "ours_step_s": ours_s, "ratio": ours_s / trl_s}
+
+
+def run_child(*args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="tiny-llama, few steps (< 60 s)")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, model, data, *rest = args.child
+        if kind == "trl":
+            print(json.dumps(child_trl(model, Path(data), int(rest[0]))))
+        else:
+            print(json.dumps(child_ours(model, Path(data), rest[0], rest[1], int(rest[2]))))
+        return
+
+    model = args.model or ("tiny-llama" if args.quick else "smollm2-135m-instruct")
+    steps = args.steps or (4 if args.quick else 6)
+    tmp = Path(tempfile.mkdtemp())
+    data = make_data(model, tmp / "pairs.jsonl")
+    result: dict = {"model": model, "steps": steps, "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
+                    "batch": "4 pairs x (64 prompt + 64 chosen + 64 rejected) tokens, fp32"}
+    for adapter in ("lora", "full"):
+        a = interleaved(model, data, adapter, steps)
+        mem_off = run_child("ours", model, str(data), "offline", adapter, "3")
+        mem_hl = run_child("ours", model, str(data), "offline+humanline", adapter, "3")
+        a.update(offline_peak_rss_mb=mem_off["peak_rss_mb"], humanline_peak_rss_mb=mem_hl["peak_rss_mb"],
+                 rss_ratio=mem_hl["peak_rss_mb"] / mem_off["peak_rss_mb"])
+        result[adapter] = a
+        print(f"{adapter}: {json.dumps(a)}", flush=True)
+    vs = versus_trl(model, data, steps)
+    mem_trl = run_child("trl", model, str(data), "3")
+    mem_ours = run_child("ours", model, str(data), "offline+humanline", "full", "3")
+    vs.update(trl_peak_rss_mb=mem_trl["peak_rss_mb"], ours_peak_rss_mb=mem_ours["peak_rss_mb"],
+              rss_ratio=mem_ours["peak_rss_mb"] / mem_trl["peak_rss_mb"],
+              memory_savers={"trl": "gradient checkpointing (TRL default), reference model copy",
+                             "ours": "no reference model (lookahead log-probs), logits only on completion positions, no checkpointing"})
+    result["vs_trl"] = vs
+    result["targets"] = {
+        "lora.ratio": "<= 1.03", "full.ratio": "<= 1.03", "lora.rss_ratio": "<= 1.02",
+        "full.rss_ratio": "<= 1.00", "vs_trl.ratio": "<= 0.70", "vs_trl.rss_ratio": "<= 1.00",
+    }
+    result["met"] = {
+        "lora.ratio": result["lora"]["ratio"] <= 1.03, "full.ratio": result["full"]["ratio"] <= 1.03,
+        "lora.rss_ratio": result["lora"]["rss_ratio"] <= 1.02, "full.rss_ratio": result["full"]["rss_ratio"] <= 1.0,
+        "vs_trl.ratio": vs["ratio"] <= 0.70, "vs_trl.rss_ratio": vs["rss_ratio"] <= 1.0,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
