@@ -1,1 +1,73 @@
-"""Python SDK for the Humanline service."""
+"""Python SDK for the Humanline fine-tuning service (DPO, KTO, GRPO and their humanline
+variants).
+
+    from humanline_client import Client
+    client = Client()        # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
+    for job in client.jobs.list(status="running"):
+        print(job.id, job.current_step)
+
+The command-line tool is `humanline` (pip install 'humanline-client[cli]'); the service's
+own admin/serve commands are `humanline-server`, shipped with the service, not here.
+"""
+
+from ._base_client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, NOT_GIVEN
+from ._client import AsyncClient, Client
+from ._exceptions import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    HumanlineError,
+    InternalServerError,
+    JobWaitTimeout,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    RequestTooLargeError,
+    UnprocessableEntityError,
+)
+from ._streaming import AsyncJobEventStream, JobEventStream
+from ._version import __version__
+from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator
+from .types import Checkpoint, FileDeleted, FileObject, Job, JobEvent, Metric
+
+__all__ = [
+    "__version__",
+    "Client",
+    "AsyncClient",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_MAX_RETRIES",
+    "NOT_GIVEN",
+    # objects
+    "FileObject",
+    "FileDeleted",
+    "Job",
+    "JobEvent",
+    "Metric",
+    "Checkpoint",
+    "CursorPage",
+    "AsyncCursorPage",
+    "SyncPaginator",
+    "AsyncPaginator",
+    "JobEventStream",
+    "AsyncJobEventStream",
+    # errors
+    "HumanlineError",
+    "APIError",
+    "APIStatusError",
+    "BadRequestError",
+    "UnprocessableEntityError",
+    "RequestTooLargeError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "NotFoundError",
+    "ConflictError",
+    "RateLimitError",
+    "InternalServerError",
+    "APIConnectionError",
+    "APITimeoutError",
+    "JobWaitTimeout",
+]

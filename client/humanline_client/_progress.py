@@ -1,0 +1,166 @@
+"""The progress bar of `jobs.wait` (steps, loss, ETA): rich if installed, else tqdm, else a
+plain line every few seconds. Shown by default only when stderr is a terminal."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any, Optional
+
+
+def _fmt_loss(loss: Optional[float]) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
+
+
+def _fmt_eta(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class ProgressDisplay:
+    """What `wait` drives; `update` may be called from a background thread."""
+
+    def __init__(self, job_id: str, file: IO[str]) -> None:
+        self.job_id = job_id
+        self.file = file
+
+    def update(
+        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
+    ) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def note(self, text: str) -> None:
+        print(text, file=self.file, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class PlainProgress(ProgressDisplay):
+    """No rich, no tqdm: one line per change, at most every `every` seconds."""
+
+    def __init__(self, job_id: str, file: IO[str], every: float = 5.0) -> None:
+        super().__init__(job_id, file)
+        self.every = every
+        self._last_print = 0.0
+        self._last_line = ""
+        self._first: Optional[tuple] = None  # (time, step) of the first step seen
+        self._pending = ""
+
+    def line(self, step: int, total: Optional[int], loss: Optional[float], status: str) -> str:
+        now = time.monotonic()
+        if self._first is None and step > 0:
+            self._first = (now, step)
+        eta = None
+        if self._first is not None and total and step > self._first[1]:
+            rate = (step - self._first[1]) / (now - self._first[0])
+            eta = (total - step) / rate if rate > 0 else None
+        of = f"/{total}" if total else ""
+        return f"{self.job_id} {status}: step {step}{of}, loss {_fmt_loss(loss)}, ETA {_fmt_eta(eta)}"
+
+    def update(self, *, step: int, total: Optional[int], loss: Optional[float], status: str) -> None:
+        text = self.line(step, total, loss, status)
+        now = time.monotonic()
+        if text != self._last_line and (now - self._last_print >= self.every or not self._last_line):
+            self._last_line, self._last_print = text, now
+            print(text, file=self.file, flush=True)
+        self._pending = text
+
+    def close(self) -> None:
+        if self._pending and self._pending != self._last_line:
+            print(self._pending, file=self.file, flush=True)
+
+
+class RichProgress(ProgressDisplay):
+    def __init__(self, job_id: str, file: IO[str]) -> None:
+        super().__init__(job_id, file)
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(file=file),
+        )
+        self._task = self._progress.add_task(f"{job_id} queued", total=None, loss="-")
+        self._progress.start()
+
+    def update(self, *, step: int, total: Optional[int], loss: Optional[float], status: str) -> None:
+        self._progress.update(
+            self._task,
+            completed=step,
+            total=total,
+            loss=_fmt_loss(loss),
+            description=f"{self.job_id} {status}",
+        )
+
+    def note(self, text: str) -> None:
+        self._progress.console.print(text, markup=False, highlight=False)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+class TqdmProgress(ProgressDisplay):
+    def __init__(self, job_id: str, file: IO[str]) -> None:
+        super().__init__(job_id, file)
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self._bar = tqdm(total=None, desc=job_id, unit="step", file=file, dynamic_ncols=True)
+
+    def update(self, *, step: int, total: Optional[int], loss: Optional[float], status: str) -> None:
+        if total and self._bar.total != total:
+            self._bar.total = total
+        self._bar.n = step
+        self._bar.set_postfix_str(f"{status}, loss {_fmt_loss(loss)}", refresh=False)
+        self._bar.refresh()
+
+    def note(self, text: str) -> None:
+        self._tqdm.write(text, file=self.file)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def make_progress(
+    enabled: Optional[bool], job_id: str, *, file: Optional[IO[str]] = None, kind: Optional[str] = None
+) -> Optional[ProgressDisplay]:
+    """None when disabled; `enabled=None` means "when `file` (stderr) is a terminal".
+    `kind` forces "rich", "tqdm" or "plain"."""
+    out: Any = file if file is not None else sys.stderr
+    if enabled is None:
+        try:
+            enabled = bool(out.isatty())
+        except (AttributeError, ValueError):
+            enabled = False
+    if not enabled:
+        return None
+    kinds = [kind] if kind else ["rich", "tqdm", "plain"]
+    for name in kinds:
+        try:
+            if name == "rich":
+                return RichProgress(job_id, out)
+            if name == "tqdm":
+                return TqdmProgress(job_id, out)
+        except ImportError:
+            continue
+        if name == "plain":
+            return PlainProgress(job_id, out)
+    return PlainProgress(job_id, out)
