@@ -31,7 +31,7 @@ import logging
 from typing import Any
 
 from celery import Celery, signals
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from models.db import make_engine, make_session_factory
 from models.tables import Job
@@ -55,7 +55,14 @@ app.conf.update(
     accept_content=["json"],
     result_serializer="json",
     task_ignore_result=True,
-    task_queues=[Queue(name) for name in QUEUE_NAMES],
+    # Each queue on its own direct exchange with its own name as routing key: what Celery
+    # makes for a queue it was not told about (the API's send_task(queue=...)), and what
+    # makes delivery_info["routing_key"] name the queue a message came from. (A bare
+    # Queue(name) here would bind all three to the default exchange under one key, and
+    # every message would land in all of them.)
+    task_queues=[
+        Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUE_NAMES
+    ],
     task_default_queue=INGRESS_QUEUE,
     broker_connection_retry_on_startup=True,
     worker_send_task_events=False,
