@@ -1,0 +1,199 @@
+"""Sampling with vLLM (GPU workers): paged attention and continuous batching.
+
+vLLM is imported only inside this module's functions, so ``trainer.sampling`` imports without
+it. The engine runs *in this process* (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate
+mode does) so that refreshing the weights is a function call on the engine's model, with no
+serialisation of tensors and no restart:
+
+* full models: the policy's tensors are handed to vLLM's own ``model.load_weights`` (the loader
+  it uses for checkpoints, so HF parameter names work and q/k/v get fused) through
+  ``LLM.apply_model``, then the prefix cache is reset (cached KV blocks belong to old weights);
+* LoRA policies: the adapter is saved to a fresh directory and used through a ``LoRARequest``
+  with a new id each round; vLLM loads it at the next ``generate`` (the base weights never move).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.sampling.types import (
+    Completion,
+    Prompt,
+    SamplingParams,
+    render_prompt_ids,
+    stop_token_ids,
+)
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def vllm_sampling_kwargs(params: SamplingParams, prompt_index: int, stop_ids: list[int]) -> dict:
+    """Keyword arguments of ``vllm.SamplingParams`` for one prompt (pure: unit-tested).
+
+    Each prompt gets its own seed so prompts do not share one random stream. Greedy decodes one
+    sequence (vLLM, like transformers, wants n = 1 without sampling); the caller repeats it.
+    """
+    greedy = params.greedy
+    return {
+        "n": params.decoded_per_prompt,
+        "temperature": 0.0 if greedy else params.temperature,
+        "top_p": 1.0 if greedy else params.top_p,
+        "max_tokens": params.max_new_tokens,
+        "seed": params.prompt_seed(prompt_index),
+        "stop_token_ids": list(stop_ids),
+        "skip_special_tokens": True,
+    }
+
+
+def completion_from_vllm(prompt_index: int, output: Any, stop_ids: list[int]) -> Completion:
+    """Convert a ``vllm.CompletionOutput``; the stop token is kept in ``token_ids``, as in HF.
+
+    vLLM reports ``finish_reason="stop"`` both for EOS and ``stop_token_ids``, and includes that
+    token in ``token_ids`` (not in ``text``); any other reason (``"abort"``) is kept verbatim.
+    """
+    ids = [int(t) for t in output.token_ids]
+    reason = output.finish_reason or ("stop" if ids and ids[-1] in stop_ids else "length")
+    return Completion(prompt_index, output.text, ids, reason)
+
+
+def hf_weight_items(state: dict[str, torch.Tensor] | nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs under the Hugging Face names vLLM's loader expects.
+
+    A module contributes its parameters and persistent buffers, tied aliases once (vLLM skips a
+    tied ``lm_head`` itself). DDP/FSDP wrappers must be unwrapped by the caller.
+    """
+    if isinstance(state, nn.Module):
+        from trainer.modeling.policy import _aliases
+
+        aliases = _aliases(state)
+        state = {k: v for k, v in state.state_dict().items() if k not in aliases}
+    return [(name, tensor.detach()) for name, tensor in state.items()]
+
+
+def _load_into_model(items: list[tuple[str, torch.Tensor]], model: nn.Module) -> int:
+    """Runs inside the vLLM worker (via ``apply_model``): vLLM's own checkpoint loader."""
+    loaded = model.load_weights(iter(items))
+    return len(loaded) if loaded is not None else len(items)
+
+
+class VLLMSampler:
+    """``vllm.LLM`` over the policy's base directory, refreshed in place each round."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        tokenizer: Any,
+        *,
+        policy: nn.Module | None = None,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        self.tokenizer = tokenizer
+        self._stop_ids = stop_token_ids(tokenizer)
+        self._lora_rank = _lora_rank(policy)
+        self._lora_request: Any = None
+        self._round = 0
+        self._adapter_root = Path(tempfile.mkdtemp(prefix="humanline-vllm-lora-"))
+        kwargs: dict[str, Any] = {
+            "model": str(model_dir),
+            "tokenizer": str(model_dir),
+            "dtype": _dtype_name(policy),
+            "seed": seed,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enforce_eager": enforce_eager,
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if self._lora_rank is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=_vllm_rank(self._lora_rank), max_loras=1)
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        if policy is not None:
+            self.load_weights(policy)
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VSamplingParams
+
+        inputs = [{"prompt_token_ids": render_prompt_ids(self.tokenizer, p)} for p in prompts]
+        sampling = [
+            VSamplingParams(**vllm_sampling_kwargs(params, i, self._stop_ids))
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            inputs, sampling, use_tqdm=False, lora_request=self._lora_request
+        )
+        result = []
+        for i, request in enumerate(outputs):
+            done = [completion_from_vllm(i, o, self._stop_ids) for o in request.outputs]
+            if params.greedy:
+                done = [
+                    Completion(i, done[0].text, list(done[0].token_ids), done[0].finish_reason)
+                    for _ in range(params.n)
+                ]
+            result.append(done)
+        return result
+
+    def load_weights(self, model_or_state: nn.Module | dict[str, torch.Tensor]) -> None:
+        """LoRA policy (peft module): new adapter request; otherwise push full weights."""
+        if self._lora_rank is not None:
+            if not isinstance(model_or_state, nn.Module):
+                raise TypeError("a LoRA sampler refreshes from the peft module, not a state dict")
+            self._use_adapter(model_or_state)
+            return
+        items = hf_weight_items(model_or_state)
+        if hasattr(self.llm, "apply_model"):
+            self.llm.apply_model(functools.partial(_load_into_model, items))
+        else:  # vLLM < 0.9: reach the single in-process worker's model directly
+            model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+            _load_into_model(items, model)
+        self.llm.reset_prefix_cache()
+
+    def _use_adapter(self, peft_model: nn.Module) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._round += 1
+        path = self._adapter_root / f"round-{self._round}"
+        peft_model.save_pretrained(path)
+        self._lora_request = LoRARequest(f"policy-{self._round}", self._round, str(path))
+        stale = self._adapter_root / f"round-{self._round - 2}"  # the previous one may be cached
+        shutil.rmtree(stale, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self._adapter_root, ignore_errors=True)
+
+
+def _lora_rank(policy: nn.Module | None) -> int | None:
+    config = getattr(policy, "peft_config", None)
+    if not config:
+        return None
+    return max(int(c.r) for c in config.values())
+
+
+def _vllm_rank(rank: int) -> int:
+    """vLLM only accepts a few max ranks; take the smallest allowed one that fits."""
+    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest supported rank (512)")
+
+
+def _dtype_name(policy: nn.Module | None) -> str:
+    param = next(policy.parameters(), None) if policy is not None else None
+    return _DTYPES.get(param.dtype, "auto") if param is not None else "auto"
