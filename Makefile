@@ -23,7 +23,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" --timeout 300
 
 demo: $(STAMP)
-	$(BIN)/python -m api.demo
+	$(BIN)/python examples/demo.py
 
 serve: $(STAMP)
 	$(BIN)/humanline-server serve
