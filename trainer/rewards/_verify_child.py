@@ -25,6 +25,7 @@ def main() -> None:
 
     def parse_any(text: str) -> list:
         """Plain text first ("5 cm", "3/4", "x = 4"), then as inline LaTeX ("\\dfrac{3}{4}")."""
+        text = text.replace("\\$", "")  # an escaped dollar is a currency sign, not math
         parsed = parse(text, parsing_timeout=None)
         if not parsed and "$" not in text:
             escaped = text.replace("\\%", "%").replace("%", "\\%")
