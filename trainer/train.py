@@ -62,7 +62,10 @@ class Trainer:
         self.spec, self.progress = spec, progress
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.accelerator = acc = Accelerator(cpu=not torch.cuda.is_available())
+        # fp32 master weights; the forward autocasts to bf16/fp16 on GPUs (see load_policy)
+        on_gpu = torch.cuda.is_available()
+        mixed = spec.precision if on_gpu and spec.precision != "fp32" else "no"
+        self.accelerator = acc = Accelerator(cpu=not on_gpu, mixed_precision=mixed)
         self.log = RunLog(self.out_dir, enabled=acc.is_main_process)
         _seed_everything(spec.seed)
 
@@ -113,7 +116,8 @@ class Trainer:
                 self._data_quality()
             acc.wait_for_everyone()
             if isinstance(self.reference, Lookahead):
-                self.reference.refresh(0)  # steps 1..k use the initial weights as reference
+                with acc.autocast():
+                    self.reference.refresh(0)  # steps 1..k use the initial weights as reference
         self.model.train()
 
     def batch_for(self, step: int, micro: int) -> TokenBatch:
@@ -157,7 +161,8 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         tokens = 0
         for m, (mb, batch) in enumerate(zip(micro, batches)):
-            ref = self.reference.logps(step, m, batch)
+            with acc.autocast():  # the reference sees the same precision as the policy
+                ref = self.reference.logps(step, m, batch)
             with acc.no_sync(self.model) if m < accum - 1 else nullcontext():
                 pol = token_logps(self.model, batch)
                 out = self.recipe.loss(pol, ref, batch, mb, self.examples, ctx)
@@ -168,14 +173,16 @@ class Trainer:
         grad_norm = acc.clip_grad_norm_(self.params, spec.optim.max_grad_norm)
         t_sync = time.perf_counter()
         if spec.sync == "humanline" and step % k == 0:
-            self.reference.refresh(step)  # humanline: reference := θ_s, *before* the update
+            with acc.autocast():
+                self.reference.refresh(step)  # humanline: reference := θ_s, *before* the update
         t_sync = time.perf_counter() - t_sync
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if spec.sync == "trust_region" and step % k == 0:
-            self.reference.refresh(step)  # trust region: reference := θ_{s+1}, after the update
+            with acc.autocast():
+                self.reference.refresh(step)  # trust region: reference := θ_{s+1}, after the update
 
         keys = sorted(sums)
         reduced = acc.reduce(torch.tensor([sums[n] for n in keys], device=acc.device), "mean")

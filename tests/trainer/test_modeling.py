@@ -229,7 +229,13 @@ def test_tokenizer_fallbacks_for_bare_local_models(tiny_dir, tmp_path):
 )
 def test_policy_dtype_and_training_settings(tiny_dir, precision, dtype):
     model = load_policy(make_spec(precision=precision), tiny_dir)
-    assert {p.dtype for p in model.parameters()} == {dtype}
+    # full fine-tuning: fp32 master weights whatever the precision (the trainer autocasts)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    lora = load_policy(make_spec(precision=precision, adapter={"kind": "lora"}), tiny_dir)
+    frozen = {p.dtype for p in lora.parameters() if not p.requires_grad}
+    assert frozen == {dtype}
+    assert {p.dtype for p in lora.parameters() if p.requires_grad} == {torch.float32}
+    model = load_policy(make_spec(precision=precision), tiny_dir)
     assert model.training and model.config.use_cache is False
     assert model.config.attention_dropout == 0.0
     assert not model.is_activation_checkpointing

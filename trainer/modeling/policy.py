@@ -64,7 +64,12 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 
 def load_policy(spec: JobSpec, model_dir: Path) -> nn.Module:
-    """The model to train, in ``spec.precision``, LoRA-wrapped if ``spec.adapter`` says so.
+    """The model to train, LoRA-wrapped if ``spec.adapter`` says so.
+
+    Precision: full fine-tuning keeps fp32 master weights (the trainer autocasts the forward
+    to ``spec.precision``), because pure-bf16 AdamW rounds away updates smaller than ~1/256
+    of a weight. With LoRA the frozen base is stored in ``spec.precision`` and peft keeps the
+    adapter in fp32.
 
     LoRA's A matrices are drawn from torch's global RNG, so the caller seeds it
     (``torch.manual_seed(spec.seed)``) before calling; B starts at zero, so a fresh adapter
@@ -73,13 +78,13 @@ def load_policy(spec: JobSpec, model_dir: Path) -> nn.Module:
     config = AutoConfig.from_pretrained(model_dir)
     config.use_cache = False
     _zero_config_dropout(config)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, config=config, dtype=DTYPES[spec.precision]
-    )
+    lora = spec.adapter.kind == "lora"
+    dtype = DTYPES[spec.precision] if lora else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype)
     if model.is_activation_checkpointing:
         model.activation_checkpointing_disable()
     _zero_dropout_modules(model)
-    if spec.adapter.kind == "lora":
+    if lora:
         model = _wrap_lora(model, spec.adapter)
     model.train()
     return model
