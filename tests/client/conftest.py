@@ -11,6 +11,7 @@ answers, delays or cuts requests tagged with an `X-Test-Fault` token (see FaultI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import sys
@@ -211,17 +212,20 @@ def _free_socket() -> socket.socket:
     return sock
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory) -> Server:
-    root = tmp_path_factory.mktemp("humanline-server")
-    settings = Settings(
-        DATABASE_URL=f"sqlite:///{root / 'humanline.db'}",
-        STORAGE_URL=f"file://{root / 'objects'}",
-        BROKER_URL="memory://",
-        MAX_UPLOAD_BYTES=256 * 1024,
-        MAX_JOBS_PER_TEAM=MAX_JOBS_PER_TEAM,
-        SSE_POLL_SECONDS=0.05,
-        LOG_LEVEL="WARNING",
+@contextlib.contextmanager
+def serve(root: Path, settings_class: type[Settings] = Settings, **overrides: Any):
+    """The real app on a free loopback port, behind the FaultInjector, until the block ends."""
+    settings = settings_class(
+        **{
+            "DATABASE_URL": f"sqlite:///{root / 'humanline.db'}",
+            "STORAGE_URL": f"file://{root / 'objects'}",
+            "BROKER_URL": "memory://",
+            "MAX_UPLOAD_BYTES": 256 * 1024,
+            "MAX_JOBS_PER_TEAM": MAX_JOBS_PER_TEAM,
+            "SSE_POLL_SECONDS": 0.05,
+            "LOG_LEVEL": "WARNING",
+            **overrides,
+        }
     )
     engine = make_engine(settings.DATABASE_URL)
     Base.metadata.create_all(engine)
@@ -243,11 +247,19 @@ def server(tmp_path_factory) -> Server:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)
-    yield Server(f"http://127.0.0.1:{port}", settings, sessions, store, queue, faults)
-    uv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
-    engine.dispose()
+    try:
+        yield Server(f"http://127.0.0.1:{port}", settings, sessions, store, queue, faults)
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=5)
+        sock.close()
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    with serve(tmp_path_factory.mktemp("humanline-server")) as running:
+        yield running
 
 
 @pytest.fixture

@@ -1,0 +1,94 @@
+"""The examples/ journeys, run as scripts against a real server: submit-only (--no-wait),
+to completion with jobs driven through the state machine (fast), and journey (a) with the
+real embedded worker training tiny-llama (marked slow: ~15 s)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from humanline_client import Client
+
+from .conftest import ROOT, serve
+
+EXAMPLES = ROOT / "examples"
+
+
+def run_example(server, key: str, name: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {
+        **os.environ,
+        "HUMANLINE_BASE_URL": server.url,
+        "HUMANLINE_API_KEY": key,
+        "PYTHONPATH": str(ROOT / "client"),  # the SDK only: examples never import the service
+        **env,
+    }
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_examples_submit_only(server, team):
+    out = run_example(server, team[1], "dpo_offline_humanline.py", "--model", "tiny-llama",
+                      HUMANLINE_NO_WAIT="1").stdout  # fmt: skip
+    assert "48 preference records" in out and "not waiting" in out
+    out = run_example(server, team[1], "compare_variants.py", "--no-wait", "--tag", "t1",
+                      "--model", "tiny-llama").stdout  # fmt: skip
+    assert "comparison=t1" in out
+    with Client(base_url=server.url, api_key=team[1]) as client:
+        jobs = list(client.jobs.list())
+        assert sorted(j.variant for j in jobs) == ["offline", "offline+humanline", "offline+humanline"]
+        compared = list(client.jobs.list(metadata={"comparison": "t1"}))
+        assert {j.variant for j in compared} == {"offline", "offline+humanline"}
+        assert len({j.spec["seed"] for j in compared}) == 1
+        single = client.jobs.list(metadata={"example": "dpo_offline_humanline"}).to_list()
+        assert single[0].spec["humanline_params"]["sync_every"] == 1
+        assert single[0].spec["objective"]["name"] == "dpo"
+
+
+def test_examples_to_completion(server, team, auto_worker, tmp_path):
+    out = run_example(server, team[1], "dpo_offline_humanline.py", "--model", "tiny-llama",
+                      "--download", str(tmp_path / "ckpt")).stdout  # fmt: skip
+    assert "succeeded" in out and "step 4: clip_fraction=0.1, loss=0.175" in out
+    assert (tmp_path / "ckpt" / "adapter_model.safetensors").read_bytes() == b"weights" * 10
+    out = run_example(server, team[1], "compare_variants.py", "--model", "tiny-llama").stdout
+    table = out[out.index("metric"):].splitlines()
+    assert table[0].split() == ["metric", "offline", "offline+humanline"]
+    assert table[1].split() == ["status", "succeeded", "succeeded"]
+    assert table[-1].split() == ["loss", "0.175", "0.175"]
+
+
+@pytest.fixture(scope="module")
+def real_worker_server(tmp_path_factory):
+    """A second server whose jobs run in the real embedded worker (worker/embedded.py)."""
+    embedded = pytest.importorskip("worker.embedded")
+    from worker.config import WorkerSettings
+
+    root = tmp_path_factory.mktemp("embedded")
+    with serve(root, WorkerSettings, WORKER_DIR=str(root / "work"), MAX_JOBS_PER_TEAM=10) as srv:
+        handle = embedded.start(srv.settings)
+        srv.queue.handler = embedded.enqueue
+        try:
+            yield srv
+        finally:
+            handle.stop(timeout=30)
+
+
+@pytest.mark.slow
+def test_examples_with_the_embedded_worker(real_worker_server, tmp_path):
+    srv = real_worker_server
+    _, key = srv.new_team()
+    out = run_example(srv, key, "dpo_offline_humanline.py", "--model", "tiny-llama",
+                      "--steps", "2", "--download", str(tmp_path / "ckpt")).stdout  # fmt: skip
+    assert "succeeded" in out and "loss=" in out and "clamp_frac=" in out
+    assert (tmp_path / "ckpt" / "weights.safetensors").stat().st_size > 0
+    # (compare_variants.py trains two such jobs one after the other in the embedded worker,
+    # ~30 s more; its fast run above covers the script, this one the real training path.)
