@@ -252,6 +252,8 @@ class Attempt:
                 return self.finish("failed", error=error)
             if self.status == "cancelling":  # cancelled while we were downloading
                 return self.finish("cancelled", message="cancelled before training started")
+            if self.should_stop():  # shutting down: leave the job to another worker
+                return self.release()
             rc = self.train(place)
             return self.conclude(rc)
         except LeaseLost:

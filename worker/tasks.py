@@ -22,11 +22,10 @@ log = logging.getLogger("humanline.worker")
 
 
 def _stopping() -> bool:
-    """A warm shutdown (SIGTERM) was requested: checkpoint, give the job back, exit."""
-    return worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (
-        None,
-        False,
-    )
+    """A warm shutdown (SIGTERM) was requested: checkpoint, give the job back, exit.
+    (Celery sets the flags to an exit code, 0 included: compare by identity, as it does.)"""
+    flags = (worker_state.should_stop, worker_state.should_terminate)
+    return any(flag is not None and flag is not False for flag in flags)
 
 
 @lru_cache

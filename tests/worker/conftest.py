@@ -27,6 +27,7 @@ from tests.fixtures.services import (  # noqa: F401 - fixtures
     redis_broker_url,
     wait_for,
 )
+from trainer.spec.job import JobSpec
 from trainer.synthetic import preference_records
 from worker.config import WorkerSettings
 
@@ -78,7 +79,9 @@ class Local:
             s.flush()
             f.object_key = file_key(self.team_id, f.id)
             self.store.put_bytes(f.object_key, data)
-            body = {**TINY, **spec, "training_file": f.id}
+            body = JobSpec.model_validate({**TINY, **spec, "training_file": f.id}).model_dump(
+                mode="json"
+            )  # as the API stores it
             job = job_states.create_job(
                 s,
                 team_id=self.team_id,
@@ -209,7 +212,7 @@ class Stack:
 
 
 @pytest.fixture
-def stack(db_url, db_sessions, s3_server, redis_broker_url, tmp_path) -> Any:
+def stack(db_url, db_sessions, s3_server, redis_broker_url, tmp_path) -> Any:  # noqa: F811
     bucket = s3_server.acquire_bucket()
     s3 = {
         "S3_ENDPOINT_URL": s3_server.endpoint_url,

@@ -159,7 +159,9 @@ def test_killed_worker_job_resumes_on_a_new_worker_bit_exactly(
     assert reference.wait(timeout=120) == 0, reference.stderr.read().decode()[-3000:]
     expected = load_file(ref_dir / "checkpoints" / f"step-{steps}" / "weights.safetensors")
     prefix = next(
-        k for k in s3_server.list_all(stack.bucket) if k.endswith(f"{job_id}/step-{steps}/_COMPLETE")
+        k
+        for k in s3_server.list_all(stack.bucket)
+        if k.endswith(f"{job_id}/step-{steps}/_COMPLETE")
     ).removesuffix("_COMPLETE")
     got = load(stack.store.get_bytes(prefix + "weights.safetensors"))
     assert got.keys() == expected.keys()
@@ -170,3 +172,26 @@ def test_killed_worker_job_resumes_on_a_new_worker_bit_exactly(
     ref_final = load_file(ref_dir / "final" / "model.safetensors")
     assert all(torch.equal(got_final[k], ref_final[k]) for k in ref_final)
     print(f"killed after checkpoint {at_kill}; resumed from {resumed[0].data['step']}")
+
+
+def test_warm_shutdown_hands_the_job_to_another_worker(stack, celery_workers):
+    first = celery_workers.start(stack.env, name="first")
+    job_id = stack.submit(stack.upload(), max_steps=200, checkpoint_every=0)
+    wait_for(lambda: len(metric_steps(stack.sessions, job_id)) >= 2, 60, what="training")
+    assert first.terminate(timeout=60) == 0  # SIGTERM: checkpoint, release, exit
+    with stack.sessions() as s:
+        from models.tables import Job
+
+        job = s.get(Job, job_id)
+        assert job.status == "queued" and job.lease_owner is None
+    released_at = checkpoint_steps(stack.sessions, job_id)
+    assert len(released_at) == 1 and released_at[0] < 200
+
+    second = celery_workers.start(stack.env, name="second")  # gets the re-sent task
+    wait_for(lambda: "claimed (attempt 2)" in second.log(), 30, what="the second worker")
+    r = stack.client.post(f"/v1/jobs/{job_id}/cancel", headers=stack.headers)
+    assert r.status_code == 200
+    job = stack.wait_done(job_id, 60, celery_workers.logs)
+    assert job["status"] == "cancelled" and job["attempt"] == 2
+    resumed = [e for e in events(stack.sessions, job_id) if e.kind == "resumed"]
+    assert [e.data["step"] for e in resumed] == released_at

@@ -1,0 +1,78 @@
+"""The embedded default (BROKER_URL=memory://): the API hands jobs to a thread of its own
+process; SQLite and a local store, nothing else."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from models.teams import create_api_key
+from tests.worker.conftest import PREFERENCE, TINY, checkpoint_steps, metric_steps, wait_for
+from worker import embedded
+
+
+@pytest.fixture
+def api(local):
+    with local.sessions() as s:
+        _, secret = create_api_key(s, local.team_id)
+        s.commit()
+    client = TestClient(create_app(local.settings, session_factory=local.sessions))
+    client.headers["Authorization"] = f"Bearer {secret}"
+    yield client
+    embedded.stop()
+    client.close()
+
+
+def test_embedded_worker_runs_stops_and_resumes_a_job(local, api):
+    assert local.settings.embedded_worker
+    embedded.start(local.settings)
+    file_id = api.post(
+        "/v1/files",
+        files={"file": ("train.jsonl", PREFERENCE, "application/jsonl")},
+        data={"purpose": "train"},
+    ).json()["id"]
+    r = api.post("/v1/jobs", json={**TINY, "training_file": file_id, "max_steps": 30})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    wait_for(lambda: len(metric_steps(local.sessions, job_id)) >= 2, 60, what="training")
+
+    # Shutting the server down: the trainer checkpoints, the job goes back to the queue.
+    embedded.stop()
+    job = api.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "queued", job
+    stopped_at = checkpoint_steps(local.sessions, job_id)
+    assert len(stopped_at) == 1 and 2 <= stopped_at[0] < 30
+
+    # The next start picks the queued job up and resumes it from that checkpoint.
+    embedded.start(local.settings)
+
+    def done():
+        status = api.get(f"/v1/jobs/{job_id}").json()
+        return status if status["status"] in ("succeeded", "failed", "cancelled") else None
+
+    job = wait_for(done, 90, 0.2, "the job to finish")
+    assert job["status"] == "succeeded", job["error"]
+    assert job["attempt"] == 2
+    kinds = [
+        e["kind"]
+        for e in api.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}).json()["data"]
+    ]
+    assert kinds.count("started") == 2 and kinds.count("resumed") == 1 and "stopped" in kinds
+    assert metric_steps(local.sessions, job_id) == list(range(1, 31))
+    assert checkpoint_steps(local.sessions, job_id) == [stopped_at[0], 30]
+    objects = local.store.list("")
+    assert any(k.endswith(f"{job_id}/final/model.safetensors") for k in objects)
+    assert any(k.endswith(f"{job_id}/step-30/_COMPLETE") for k in objects)
+
+
+def test_enqueue_before_start_waits_for_the_worker(local):
+    job_id = local.make_job(max_steps=2)
+    embedded.enqueue(job_id)  # nothing runs yet
+    assert local.job(job_id).status == "queued"
+    worker = embedded.start(local.settings)
+    try:
+        assert embedded.start(local.settings) is worker  # one per process
+        wait_for(lambda: local.job(job_id).status == "succeeded", 60, 0.2, "the job")
+    finally:
+        embedded.stop()
