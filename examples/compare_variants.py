@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{variant:>18}: {jobs[variant].id}")
         if args.no_wait:
-            print(f"not waiting; list them with: humanline jobs list --metadata comparison={args.tag}")
+            print(
+                f"not waiting; list them with: humanline jobs list --metadata comparison={args.tag}"
+            )
             return 0
 
         for variant, job in jobs.items():  # they train concurrently when workers allow

@@ -23,9 +23,10 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Type, TypeVar, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import anyio
 import httpx
@@ -74,7 +75,7 @@ class RequestOptions:
     data: Optional[Mapping[str, Any]] = None
     # Multipart files are rebuilt for each attempt (a file object is consumed by a send).
     files: Optional[Callable[[], Mapping[str, Any]]] = None
-    headers: Dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
     idempotency_key: Optional[str] = None
     timeout: Any = NOT_GIVEN
     max_retries: Optional[int] = None
@@ -145,22 +146,23 @@ class BaseClient:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         base_url = base_url.rstrip("/")
-        if base_url.endswith("/v1"):  # accept both the server root and its /v1 prefix
-            base_url = base_url[: -len("/v1")]
+        base_url = base_url.removesuffix("/v1")
         self.base_url = base_url
         self.api_key = api_key
-        self.timeout = timeout if isinstance(timeout, httpx.Timeout) or timeout is None else (
-            httpx.Timeout(timeout)
+        self.timeout = (
+            timeout
+            if isinstance(timeout, httpx.Timeout) or timeout is None
+            else (httpx.Timeout(timeout))
         )
         self.max_retries = max_retries
-        self.default_headers: Dict[str, str] = dict(default_headers or {})
+        self.default_headers: dict[str, str] = dict(default_headers or {})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
 
     # --- requests ------------------------------------------------------------------------
 
-    def _headers(self, opts: RequestOptions, idempotency_key: Optional[str]) -> Dict[str, str]:
+    def _headers(self, opts: RequestOptions, idempotency_key: Optional[str]) -> dict[str, str]:
         headers = {
             "Accept": "application/json",
             "User-Agent": f"humanline-python/{__version__}",
@@ -176,7 +178,10 @@ class BaseClient:
         return headers
 
     def _build_request(
-        self, http: Union[httpx.Client, httpx.AsyncClient], opts: RequestOptions, idem: Optional[str]
+        self,
+        http: Union[httpx.Client, httpx.AsyncClient],
+        opts: RequestOptions,
+        idem: Optional[str],
     ) -> httpx.Request:
         timeout = self.timeout if opts.timeout is NOT_GIVEN else opts.timeout
         if isinstance(timeout, (int, float)):
@@ -238,7 +243,7 @@ class BaseClient:
         )
 
     @staticmethod
-    def _parse(response: httpx.Response, cast_to: Type[M]) -> M:
+    def _parse(response: httpx.Response, cast_to: type[M]) -> M:
         obj = cast_to.model_validate(response.json())  # type: ignore[attr-defined]
         obj._request_id = response.headers.get("x-request-id")  # type: ignore[attr-defined]
         return obj
@@ -277,7 +282,7 @@ class SyncAPIClient(BaseClient):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _sleep(self, seconds: float) -> None:
@@ -318,13 +323,13 @@ class SyncAPIClient(BaseClient):
                 response.close()
             raise make_status_error(response)
 
-    def _call(self, cast_to: Type[M], opts: RequestOptions) -> M:
+    def _call(self, cast_to: type[M], opts: RequestOptions) -> M:
         return self._parse(self.request(opts), cast_to)
 
-    def _get(self, path: str, cast_to: Type[M], *, params: Optional[Mapping[str, Any]] = None) -> M:
+    def _get(self, path: str, cast_to: type[M], *, params: Optional[Mapping[str, Any]] = None) -> M:
         return self._call(cast_to, RequestOptions("GET", path, params=params))
 
-    def _download(self, opts: RequestOptions, to: Union[str, "os.PathLike[str]", None]):
+    def _download(self, opts: RequestOptions, to: Union[str, os.PathLike[str], None]):
         """GET a body: bytes in memory, or streamed to `to` (via `to.part`, renamed when
         complete) and its Path returned. A 3xx is followed without our headers (a presigned
         object-store URL must not see the API key). A body cut off midway is fetched again
@@ -349,8 +354,7 @@ class SyncAPIClient(BaseClient):
                 dest = Path(to)
                 part = _part_path(dest)
                 with open(part, "wb") as fh:
-                    for chunk in response.iter_bytes():
-                        fh.write(chunk)
+                    fh.writelines(response.iter_bytes())
                 os.replace(part, dest)
                 return dest
             except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
@@ -393,7 +397,7 @@ class AsyncAPIClient(BaseClient):
     async def __aenter__(self):
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def _sleep(self, seconds: float) -> None:
@@ -407,7 +411,9 @@ class AsyncAPIClient(BaseClient):
             request = self._build_request(self._http, opts, idem)
             left = max_retries - retries_taken
             try:
-                response = await self._http.send(request, stream=opts.stream, follow_redirects=False)
+                response = await self._http.send(
+                    request, stream=opts.stream, follow_redirects=False
+                )
             except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
                 if left > 0:
                     delay = self._retry_delay(retries_taken, None)
@@ -432,15 +438,15 @@ class AsyncAPIClient(BaseClient):
                 await response.aclose()
             raise make_status_error(response)
 
-    async def _call(self, cast_to: Type[M], opts: RequestOptions) -> M:
+    async def _call(self, cast_to: type[M], opts: RequestOptions) -> M:
         return self._parse(await self.request(opts), cast_to)
 
     async def _get(
-        self, path: str, cast_to: Type[M], *, params: Optional[Mapping[str, Any]] = None
+        self, path: str, cast_to: type[M], *, params: Optional[Mapping[str, Any]] = None
     ) -> M:
         return await self._call(cast_to, RequestOptions("GET", path, params=params))
 
-    async def _download(self, opts: RequestOptions, to: Union[str, "os.PathLike[str]", None]):
+    async def _download(self, opts: RequestOptions, to: Union[str, os.PathLike[str], None]):
         max_retries = self._max_retries(opts)
         retries_taken = 0
         while True:
@@ -460,9 +466,9 @@ class AsyncAPIClient(BaseClient):
                     return await response.aread()
                 dest = Path(to)
                 part = _part_path(dest)
-                with open(part, "wb") as fh:
+                async with await anyio.open_file(part, "wb") as fh:
                     async for chunk in response.aiter_bytes():
-                        fh.write(chunk)
+                        await fh.write(chunk)
                 os.replace(part, dest)
                 return dest
             except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import httpx
 
@@ -16,7 +17,7 @@ from ._base_client import (
 )
 from .resources import AsyncFiles, AsyncJobs, Files, Jobs
 
-__all__ = ["Client", "AsyncClient"]
+__all__ = ["AsyncClient", "Client"]
 
 
 class Client(SyncAPIClient):
@@ -65,7 +66,7 @@ class Client(SyncAPIClient):
         timeout: Any = NOT_GIVEN,
         max_retries: Optional[int] = None,
         default_headers: Optional[Mapping[str, str]] = None,
-    ) -> "Client":
+    ) -> Client:
         """A copy with other settings that shares this client's connection pool:
         `client.with_options(timeout=600).jobs.wait(job.id)`."""
         return Client(
@@ -112,7 +113,7 @@ class AsyncClient(AsyncAPIClient):
         timeout: Any = NOT_GIVEN,
         max_retries: Optional[int] = None,
         default_headers: Optional[Mapping[str, str]] = None,
-    ) -> "AsyncClient":
+    ) -> AsyncClient:
         return AsyncClient(
             base_url=self.base_url,
             api_key=self.api_key,

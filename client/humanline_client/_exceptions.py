@@ -23,26 +23,26 @@ service logs.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import httpx
 
 __all__ = [
-    "HumanlineError",
+    "APIConnectionError",
     "APIError",
     "APIStatusError",
-    "BadRequestError",
-    "UnprocessableEntityError",
-    "RequestTooLargeError",
-    "AuthenticationError",
-    "PermissionDeniedError",
-    "NotFoundError",
-    "ConflictError",
-    "RateLimitError",
-    "InternalServerError",
-    "APIConnectionError",
     "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "HumanlineError",
+    "InternalServerError",
     "JobWaitTimeout",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "RequestTooLargeError",
+    "UnprocessableEntityError",
 ]
 
 
@@ -71,7 +71,11 @@ class APIError(HumanlineError):
         self.body = body
 
     def __str__(self) -> str:
-        return self.message if not self.request_id else f"{self.message} (request id {self.request_id})"
+        return (
+            self.message
+            if not self.request_id
+            else f"{self.message} (request id {self.request_id})"
+        )
 
 
 class APIStatusError(APIError):
@@ -81,7 +85,7 @@ class APIStatusError(APIError):
     response: httpx.Response
     type: Optional[str]
     field: Optional[str]
-    errors: Optional[List[Dict[str, Any]]]
+    errors: Optional[list[dict[str, Any]]]
 
     def __init__(
         self,
@@ -92,7 +96,7 @@ class APIStatusError(APIError):
         request_id: Optional[str] = None,
         type: Optional[str] = None,
         field: Optional[str] = None,
-        errors: Optional[List[Dict[str, Any]]] = None,
+        errors: Optional[list[dict[str, Any]]] = None,
     ) -> None:
         super().__init__(message, request=response.request, request_id=request_id, body=body)
         self.response = response

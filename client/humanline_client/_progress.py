@@ -60,12 +60,18 @@ class PlainProgress(ProgressDisplay):
             rate = (step - self._first[1]) / (now - self._first[0])
             eta = (total - step) / rate if rate > 0 else None
         of = f"/{total}" if total else ""
-        return f"{self.job_id} {status}: step {step}{of}, loss {_fmt_loss(loss)}, ETA {_fmt_eta(eta)}"
+        return (
+            f"{self.job_id} {status}: step {step}{of}, loss {_fmt_loss(loss)}, ETA {_fmt_eta(eta)}"
+        )
 
-    def update(self, *, step: int, total: Optional[int], loss: Optional[float], status: str) -> None:
+    def update(
+        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
+    ) -> None:
         text = self.line(step, total, loss, status)
         now = time.monotonic()
-        if text != self._last_line and (now - self._last_print >= self.every or not self._last_line):
+        if text != self._last_line and (
+            now - self._last_print >= self.every or not self._last_line
+        ):
             self._last_line, self._last_print = text, now
             print(text, file=self.file, flush=True)
         self._pending = text
@@ -101,7 +107,9 @@ class RichProgress(ProgressDisplay):
         self._task = self._progress.add_task(f"{job_id} queued", total=None, loss="-")
         self._progress.start()
 
-    def update(self, *, step: int, total: Optional[int], loss: Optional[float], status: str) -> None:
+    def update(
+        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
+    ) -> None:
         self._progress.update(
             self._task,
             completed=step,
@@ -125,7 +133,9 @@ class TqdmProgress(ProgressDisplay):
         self._tqdm = tqdm
         self._bar = tqdm(total=None, desc=job_id, unit="step", file=file, dynamic_ncols=True)
 
-    def update(self, *, step: int, total: Optional[int], loss: Optional[float], status: str) -> None:
+    def update(
+        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
+    ) -> None:
         if total and self._bar.total != total:
             self._bar.total = total
         self._bar.n = step
@@ -140,7 +150,11 @@ class TqdmProgress(ProgressDisplay):
 
 
 def make_progress(
-    enabled: Optional[bool], job_id: str, *, file: Optional[IO[str]] = None, kind: Optional[str] = None
+    enabled: Optional[bool],
+    job_id: str,
+    *,
+    file: Optional[IO[str]] = None,
+    kind: Optional[str] = None,
 ) -> Optional[ProgressDisplay]:
     """None when disabled; `enabled=None` means "when `file` (stderr) is a terminal".
     `kind` forces "rich", "tqdm" or "plain"."""

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from urllib.parse import quote
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type, TypeVar
 
-from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator
 from ._base_client import RequestOptions
+from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator
 
 if TYPE_CHECKING:
     from ._client import AsyncClient, Client
 
 T = TypeVar("T")
-Params = Dict[str, Any]
+Params = dict[str, Any]
 NextParams = Callable[[Any, Params], Optional[Params]]
 
 
@@ -22,7 +22,7 @@ def after_last_id(page: Any, params: Params) -> Params:
     return params
 
 
-def _page_kwargs(body: Dict[str, Any], item: Type[Any]) -> Dict[str, Any]:
+def _page_kwargs(body: dict[str, Any], item: type[Any]) -> dict[str, Any]:
     return {
         "data": [item.model_validate(x) for x in body.get("data", [])],
         "has_more": bool(body.get("has_more", False)),
@@ -39,11 +39,11 @@ def path_id(value: str, what: str) -> str:
 
 
 class SyncAPIResource:
-    def __init__(self, client: "Client") -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
 
     def _paginate(
-        self, path: str, item: Type[T], params: Params, next_params: NextParams = after_last_id
+        self, path: str, item: type[T], params: Params, next_params: NextParams = after_last_id
     ) -> SyncPaginator[T]:
         def fetch(page_params: Params) -> CursorPage[T]:
             response = self._client.request(RequestOptions("GET", path, params=page_params))
@@ -59,11 +59,11 @@ class SyncAPIResource:
 
 
 class AsyncAPIResource:
-    def __init__(self, client: "AsyncClient") -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
     def _paginate(
-        self, path: str, item: Type[T], params: Params, next_params: NextParams = after_last_id
+        self, path: str, item: type[T], params: Params, next_params: NextParams = after_last_id
     ) -> AsyncPaginator[T]:
         async def fetch(page_params: Params) -> AsyncCursorPage[T]:
             response = await self._client.request(RequestOptions("GET", path, params=page_params))

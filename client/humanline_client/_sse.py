@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 
 @dataclass
@@ -21,7 +21,7 @@ class SSEDecoder:
         self.last_event_id: Optional[str] = None
         self.retry_ms: Optional[int] = None
         self._event = ""
-        self._data: List[str] = []
+        self._data: list[str] = []
         self._id: Optional[str] = None
 
     def feed(self, line: str) -> Optional[ServerSentEvent]:
@@ -37,8 +37,7 @@ class SSEDecoder:
         if line.startswith(":"):  # a comment: keepalive
             return None
         name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
+        value = value.removeprefix(" ")
         if name == "event":
             self._event = value
         elif name == "data":
@@ -47,7 +46,6 @@ class SSEDecoder:
             if "\0" not in value:
                 self._id = value
                 self.last_event_id = value
-        elif name == "retry":
-            if value.isdigit():
-                self.retry_ms = int(value)
+        elif name == "retry" and value.isdigit():
+            self.retry_ms = int(value)
         return None

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, Optional
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any, Optional
 
 import httpx
 from pydantic import ValidationError
+from typing_extensions import Self
 
 from ._base_client import _RETRYABLE_TRANSPORT, RequestOptions
 from ._exceptions import APIConnectionError, JobWaitTimeout
@@ -52,7 +54,7 @@ class _StreamState:
         self.failures = 0
         self.retry_hint: Optional[float] = None
         self.status: Optional[str] = None
-        self.end: Optional[Dict[str, Any]] = None
+        self.end: Optional[dict[str, Any]] = None
         self.reconnects = 0
 
     def options(self) -> RequestOptions:
@@ -63,9 +65,15 @@ class _StreamState:
         if self.deadline is not None:
             left = max(0.01, self.deadline - time.monotonic())
             read = left if timeout.read is None else min(timeout.read, left)
-            timeout = httpx.Timeout(timeout.connect, read=read, write=timeout.write, pool=timeout.pool)
+            timeout = httpx.Timeout(
+                timeout.connect, read=read, write=timeout.write, pool=timeout.pool
+            )
         return RequestOptions(
-            "GET", self.path, params={"after": self.after}, headers=headers, timeout=timeout,
+            "GET",
+            self.path,
+            params={"after": self.after},
+            headers=headers,
+            timeout=timeout,
             stream=True,
         )
 
@@ -124,7 +132,7 @@ class JobEventStream:
 
     def __init__(
         self,
-        client: "SyncAPIClient",
+        client: SyncAPIClient,
         job_id: str,
         path: str,
         *,
@@ -161,10 +169,10 @@ class JobEventStream:
     def close(self) -> None:
         self._iterator.close()
 
-    def __enter__(self) -> "JobEventStream":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _run(self) -> Iterator[JobEvent]:
@@ -198,7 +206,7 @@ class AsyncJobEventStream:
 
     def __init__(
         self,
-        client: "AsyncAPIClient",
+        client: AsyncAPIClient,
         job_id: str,
         path: str,
         *,
@@ -234,10 +242,10 @@ class AsyncJobEventStream:
     async def aclose(self) -> None:
         await self._iterator.aclose()
 
-    async def __aenter__(self) -> "AsyncJobEventStream":
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def _run(self) -> AsyncIterator[JobEvent]:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, TypeVar
+from typing import Annotated, Any, Callable, Optional, TypeVar
 
 try:
     import typer
     from rich.console import Console
     from rich.table import Table
-    from typing_extensions import Annotated
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise SystemExit(
         f"the humanline CLI needs typer and rich ({exc}): pip install 'humanline-client[cli]'"
@@ -60,7 +60,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).
 
 
 class _Config:
-    def __init__(self, base_url: Optional[str], api_key: Optional[str], timeout: float, retries: int):
+    def __init__(
+        self, base_url: Optional[str], api_key: Optional[str], timeout: float, retries: int
+    ):
         self.base_url = base_url
         self.api_key = api_key
         self.timeout = timeout
@@ -94,12 +96,16 @@ def _main(
     base_url: Annotated[
         Optional[str],
         typer.Option(
-            "--base-url", envvar="HUMANLINE_BASE_URL", help="Server root (default http://127.0.0.1:8000)."
+            "--base-url",
+            envvar="HUMANLINE_BASE_URL",
+            help="Server root (default http://127.0.0.1:8000).",
         ),
     ] = None,
     api_key: Annotated[
         Optional[str],
-        typer.Option("--api-key", envvar="HUMANLINE_API_KEY", help="API key (hl_...).", show_default=False),
+        typer.Option(
+            "--api-key", envvar="HUMANLINE_API_KEY", help="API key (hl_...).", show_default=False
+        ),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per HTTP attempt.")] = 60.0,
     max_retries: Annotated[int, typer.Option(help="Retries of failed requests.")] = 2,
@@ -142,7 +148,7 @@ def _when(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S") if value is not None else "-"
 
 
-def _table(columns: List[str], rows: Iterable[List[Any]], *, id_width: int = 0) -> Table:
+def _table(columns: list[str], rows: Iterable[list[Any]], *, id_width: int = 0) -> Table:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for i, name in enumerate(columns):
         table.add_column(name, no_wrap=i == 0, min_width=id_width if i == 0 else None)
@@ -153,7 +159,10 @@ def _table(columns: List[str], rows: Iterable[List[Any]], *, id_width: int = 0) 
 
 def _fail(exc: HumanlineError, as_json: bool) -> None:
     if as_json:
-        body: Dict[str, Any] = {"message": getattr(exc, "message", str(exc)), "type": type(exc).__name__}
+        body: dict[str, Any] = {
+            "message": getattr(exc, "message", str(exc)),
+            "type": type(exc).__name__,
+        }
         for name in ("status_code", "field", "errors", "request_id"):
             value = getattr(exc, name, None)
             if value is not None:
@@ -163,7 +172,9 @@ def _fail(exc: HumanlineError, as_json: bool) -> None:
         err = _err()
         err.print(f"[red]error:[/red] {exc}", markup=True)
         errors = getattr(exc, "errors", None) or []
-        if isinstance(exc, APIStatusError) and len(errors) > 1 or any("line" in e for e in errors):
+        if isinstance(exc, APIStatusError) and (
+            len(errors) > 1 or any("line" in e for e in errors)
+        ):
             for item in errors[:20]:
                 where = f"line {item['line']}" if item.get("line") else item.get("field") or ""
                 err.print(f"  {where}: {item.get('message')}", markup=False)
@@ -181,7 +192,10 @@ def _handles_errors(fn: F) -> F:
             _fail(exc, bool(kwargs.get("as_json")))
         except (FileNotFoundError, ValueError) as exc:
             if kwargs.get("as_json"):
-                typer.echo(json.dumps({"error": {"message": str(exc), "type": type(exc).__name__}}), err=True)
+                typer.echo(
+                    json.dumps({"error": {"message": str(exc), "type": type(exc).__name__}}),
+                    err=True,
+                )
             else:
                 _err().print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None
@@ -196,7 +210,7 @@ def _client(ctx: typer.Context) -> Client:
 # --- files ------------------------------------------------------------------------------------
 
 
-def _file_rows(files: Iterable[Any]) -> List[List[Any]]:
+def _file_rows(files: Iterable[Any]) -> list[list[Any]]:
     return [
         [f.id, f.filename, f.purpose, f.format, f.records, f.bytes, _when(f.created_at)]
         for f in files
@@ -256,7 +270,9 @@ def files_show(ctx: typer.Context, file_id: str, as_json: JsonOpt = False) -> No
 def files_download(
     ctx: typer.Context,
     file_id: str,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Default: stdout.")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("-o", "--output", help="Default: stdout.")
+    ] = None,
 ) -> None:
     """Download a file's content."""
     client = _client(ctx)
@@ -296,7 +312,7 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _apply_sets(spec: Dict[str, Any], assignments: List[str]) -> Dict[str, Any]:
+def _apply_sets(spec: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
     """--set a.b=1 --set c=x → {"a": {"b": 1}, "c": "x"}, merged into `spec`."""
     for item in assignments:
         key, sep, raw = item.partition("=")
@@ -316,7 +332,7 @@ def _apply_sets(spec: Dict[str, Any], assignments: List[str]) -> Dict[str, Any]:
     return spec
 
 
-def _pairs(items: List[str], option: str) -> Dict[str, str]:
+def _pairs(items: list[str], option: str) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -326,7 +342,7 @@ def _pairs(items: List[str], option: str) -> Dict[str, str]:
     return out
 
 
-def _job_rows(jobs: Iterable[Job]) -> List[List[Any]]:
+def _job_rows(jobs: Iterable[Job]) -> list[list[Any]]:
     return [
         [
             j.id,
@@ -391,7 +407,9 @@ def _wait_and_report(client: Client, job_id: str, as_json: bool, timeout: Option
 @_handles_errors
 def jobs_create(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option("--model", help="Base model, e.g. smollm2-135m-instruct.")] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", help="Base model, e.g. smollm2-135m-instruct.")
+    ] = None,
     file: Annotated[
         Optional[str],
         typer.Option("--file", help="Training file id, or a local JSONL path (uploaded first)."),
@@ -403,7 +421,7 @@ def jobs_create(
     ] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps.")] = None,
     set_: Annotated[
-        Optional[List[str]],
+        Optional[list[str]],
         typer.Option(
             "--set",
             help="Any other spec field as key=value, dotted for nested fields; values are "
@@ -411,23 +429,27 @@ def jobs_create(
         ),
     ] = None,
     metadata: Annotated[
-        Optional[List[str]], typer.Option("--metadata", help="key=value labels (repeatable).")
+        Optional[list[str]], typer.Option("--metadata", help="key=value labels (repeatable).")
     ] = None,
     spec: Annotated[
         Optional[Path],
-        typer.Option("--spec", help="A JSON job spec to start from (options override it).", exists=True),
+        typer.Option(
+            "--spec", help="A JSON job spec to start from (options override it).", exists=True
+        ),
     ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the job to finish.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit a training job."""
     client = _client(ctx)
-    body: Dict[str, Any] = json.loads(spec.read_text()) if spec else {}
+    body: dict[str, Any] = json.loads(spec.read_text()) if spec else {}
     if model:
         body["base_model"] = model
     if objective:
         current = body.get("objective")
-        body["objective"] = {**current, "name": objective} if isinstance(current, dict) else objective
+        body["objective"] = (
+            {**current, "name": objective} if isinstance(current, dict) else objective
+        )
     if variant:
         body["variant"] = variant
     if max_steps is not None:
@@ -450,7 +472,10 @@ def jobs_create(
     training_file = body.pop("training_file")
     objective_value = body.pop("objective")
     job = client.jobs.create(
-        base_model=base_model, training_file=training_file, objective=objective_value, extra_body=body
+        base_model=base_model,
+        training_file=training_file,
+        objective=objective_value,
+        extra_body=body,
     )
     if wait:
         if not as_json:
@@ -470,7 +495,7 @@ def jobs_list(
     ctx: typer.Context,
     status: Annotated[Optional[str], typer.Option(help="Only jobs in this status.")] = None,
     metadata: Annotated[
-        Optional[List[str]], typer.Option("--metadata", help="key=value filter (repeatable).")
+        Optional[list[str]], typer.Option("--metadata", help="key=value filter (repeatable).")
     ] = None,
     limit: Annotated[int, typer.Option(help="At most this many jobs (newest first).")] = 20,
     as_json: JsonOpt = False,
@@ -511,7 +536,9 @@ def jobs_cancel(ctx: typer.Context, job_id: str, as_json: JsonOpt = False) -> No
 def jobs_events(
     ctx: typer.Context,
     job_id: str,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream until the job ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream until the job ends.")
+    ] = False,
     after: Annotated[int, typer.Option(help="Only events after this seq.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -538,7 +565,9 @@ def jobs_events(
 def jobs_wait(
     ctx: typer.Context,
     job_id: str,
-    timeout: Annotated[Optional[float], typer.Option(help="Give up after this many seconds.")] = None,
+    timeout: Annotated[
+        Optional[float], typer.Option(help="Give up after this many seconds.")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Wait for a job to finish (progress bar on a terminal); exit 1 unless it succeeded."""
@@ -559,7 +588,7 @@ def jobs_metrics(
         metrics = metrics[-last:] if last > 0 else []
     if as_json:
         return _print_json(metrics)
-    names: List[str] = []
+    names: list[str] = []
     for m in metrics:
         names += [k for k in m.values if k not in names]
     rows = [[m.step, *[_fmt(m.values.get(n)) for n in names]] for m in metrics]
@@ -590,7 +619,9 @@ def jobs_download(
     job_id: str,
     step: Annotated[int, typer.Option(help="Checkpoint step.")],
     file: Annotated[str, typer.Option("--file", help="A file name of that checkpoint.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Default: the file's name.")] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("-o", "--output", help="Default: the file's name.")
+    ] = None,
 ) -> None:
     """Download one file of a checkpoint."""
     dest = output or Path(Path(file).name)

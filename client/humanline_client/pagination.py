@@ -11,24 +11,20 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import (
     Any,
-    AsyncIterator,
-    Awaitable,
     Callable,
-    Dict,
     Generic,
-    Iterator,
-    List,
     Optional,
     TypeVar,
     Union,
 )
 
-__all__ = ["CursorPage", "AsyncCursorPage", "SyncPaginator", "AsyncPaginator"]
+__all__ = ["AsyncCursorPage", "AsyncPaginator", "CursorPage", "SyncPaginator"]
 
 T = TypeVar("T")
-Params = Dict[str, Any]
+Params = dict[str, Any]
 NextParams = Callable[["_PageBase[Any]", Params], Optional[Params]]
 
 
@@ -36,7 +32,7 @@ class _PageBase(Generic[T]):
     def __init__(
         self,
         *,
-        data: List[T],
+        data: list[T],
         has_more: bool,
         first_id: Union[str, int, None] = None,
         last_id: Union[str, int, None] = None,
@@ -77,23 +73,23 @@ class _PageBase(Generic[T]):
 class CursorPage(_PageBase[T]):
     """One page: `data`, `has_more`, `first_id`, `last_id`; `next_page()` fetches the next."""
 
-    def __init__(self, *, fetch: Callable[[Params], "CursorPage[T]"], **kwargs: Any) -> None:
+    def __init__(self, *, fetch: Callable[[Params], CursorPage[T]], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._fetch = fetch
 
-    def next_page(self) -> Optional["CursorPage[T]"]:
+    def next_page(self) -> Optional[CursorPage[T]]:
         params = self.next_page_params()
         return None if params is None else self._fetch(params)
 
 
 class AsyncCursorPage(_PageBase[T]):
     def __init__(
-        self, *, fetch: Callable[[Params], Awaitable["AsyncCursorPage[T]"]], **kwargs: Any
+        self, *, fetch: Callable[[Params], Awaitable[AsyncCursorPage[T]]], **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
         self._fetch = fetch
 
-    async def next_page(self) -> Optional["AsyncCursorPage[T]"]:
+    async def next_page(self) -> Optional[AsyncCursorPage[T]]:
         params = self.next_page_params()
         return None if params is None else await self._fetch(params)
 
@@ -119,7 +115,7 @@ class SyncPaginator(Generic[T]):
         for page in self.pages():
             yield from page.data
 
-    def to_list(self) -> List[T]:
+    def to_list(self) -> list[T]:
         """Every item of every page."""
         return list(self)
 
@@ -147,5 +143,5 @@ class AsyncPaginator(Generic[T]):
             for item in page.data:
                 yield item
 
-    async def to_list(self) -> List[T]:
+    async def to_list(self) -> list[T]:
         return [item async for item in self]

@@ -9,7 +9,7 @@ it came from as `_request_id`.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel as _PydanticBaseModel
 from pydantic import ConfigDict, PrivateAttr
@@ -20,28 +20,28 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Literal, TypedDict  # type: ignore[assignment]
 
 __all__ = [
+    "TERMINAL_STATUSES",
+    "AdapterParams",
     "BaseModel",
-    "FileObject",
+    "Checkpoint",
     "FileDeleted",
+    "FileObject",
+    "FilePurpose",
+    "HumanlineParams",
     "Job",
     "JobEvent",
-    "Metric",
-    "Checkpoint",
     "JobStatus",
-    "FilePurpose",
+    "Metric",
     "Objective",
-    "Variant",
-    "TERMINAL_STATUSES",
     "ObjectiveParams",
-    "HumanlineParams",
     "OptimParams",
-    "AdapterParams",
+    "Variant",
 ]
 
 JobStatus = Literal[
     "validating", "queued", "running", "cancelling", "cancelled", "succeeded", "failed"
 ]
-TERMINAL_STATUSES: Tuple[str, ...] = ("succeeded", "failed", "cancelled")
+TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 FilePurpose = Literal["train", "eval"]
 FileStatus = Literal["uploaded", "processed", "error"]
 Objective = Literal["dpo", "kto", "grpo"]
@@ -52,7 +52,7 @@ class BaseModel(_PydanticBaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True, protected_namespaces=())
     _request_id: Optional[str] = PrivateAttr(default=None)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict, unknown fields included."""
         return self.model_dump(mode="json")
 
@@ -72,7 +72,7 @@ class FileObject(BaseModel):
     format: Optional[str] = None
     records: int = 0
     status: Union[FileStatus, str] = "processed"
-    error: Optional[Dict[str, Any]] = None
+    error: Optional[dict[str, Any]] = None
     created_at: Optional[datetime] = None
 
 
@@ -93,17 +93,17 @@ class Job(BaseModel):
     objective: Union[Objective, str] = ""
     variant: Union[Variant, str] = ""
     training_file: Optional[str] = None
-    metadata: Dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
     attempt: int = 0
     current_step: int = 0
     total_steps: Optional[int] = None
-    error: Optional[Dict[str, Any]] = None
-    result: Optional[Dict[str, Any]] = None
+    error: Optional[dict[str, Any]] = None
+    result: Optional[dict[str, Any]] = None
     created_at: Optional[datetime] = None
     updated_at: Optional[datetime] = None
     started_at: Optional[datetime] = None
     finished_at: Optional[datetime] = None
-    spec: Dict[str, Any] = {}
+    spec: dict[str, Any] = {}
 
     @property
     def is_terminal(self) -> bool:
@@ -118,7 +118,7 @@ class JobEvent(BaseModel):
     object: str = "job.event"
     kind: str = ""
     message: str = ""
-    data: Optional[Dict[str, Any]] = None
+    data: Optional[dict[str, Any]] = None
     created_at: Optional[datetime] = None
 
 
@@ -126,7 +126,7 @@ class Metric(BaseModel):
     """The metrics logged at one optimizer step (`values["loss"]`, `values["clip_fraction"]`...)."""
 
     step: int
-    values: Dict[str, Any] = {}
+    values: dict[str, Any] = {}
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.values.get(name, default)
@@ -137,7 +137,7 @@ class Checkpoint(BaseModel):
     job_id: str = ""
     step: int
     bytes: int = 0
-    files: Optional[List[str]] = None
+    files: Optional[list[str]] = None
     created_at: Optional[datetime] = None
 
 
@@ -169,7 +169,7 @@ class HumanlineParams(TypedDict, total=False):
 
 class OptimParams(TypedDict, total=False):
     lr: float
-    betas: Tuple[float, float]
+    betas: tuple[float, float]
     eps: float
     weight_decay: float
     warmup_ratio: float
@@ -182,4 +182,4 @@ class AdapterParams(TypedDict, total=False):
     r: int
     alpha: float
     dropout: float
-    target_modules: List[str]
+    target_modules: list[str]

@@ -19,9 +19,10 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -31,19 +32,18 @@ try:
 except ImportError:  # the repo is not pip-installed: use the source tree
     sys.path.insert(0, str(ROOT / "client"))
 
-import uvicorn  # noqa: E402
+import uvicorn
+from humanline_client import Client
 
-from api.main import create_app  # noqa: E402
-from models import jobs as job_states  # noqa: E402
-from models.base import Base  # noqa: E402
-from models.db import make_engine, make_session_factory  # noqa: E402
-from models.settings import Settings  # noqa: E402
-from models.tables import Job  # noqa: E402
-from models.teams import create_api_key, create_team  # noqa: E402
-from storage import open_store  # noqa: E402
-from storage.keys import checkpoint_prefix  # noqa: E402
-
-from humanline_client import Client  # noqa: E402
+from api.main import create_app
+from models import jobs as job_states
+from models.base import Base
+from models.db import make_engine, make_session_factory
+from models.settings import Settings
+from models.tables import Job
+from models.teams import create_api_key, create_team
+from storage import open_store
+from storage.keys import checkpoint_prefix
 
 MAX_JOBS_PER_TEAM = 6
 
@@ -53,7 +53,10 @@ def jsonl(rows: list[dict]) -> bytes:
 
 
 PREFERENCE = jsonl(
-    [{"prompt": f"What is {i} + {i}?", "chosen": str(2 * i), "rejected": "no idea"} for i in range(8)]
+    [
+        {"prompt": f"What is {i} + {i}?", "chosen": str(2 * i), "rejected": "no idea"}
+        for i in range(8)
+    ]
 )
 
 
@@ -120,7 +123,7 @@ class FaultInjector:
             try:
                 for message in held:
                     await send(message)
-            except Exception:  # noqa: BLE001 - the client gave up long ago
+            except Exception:  # noqa: BLE001, S110 - the client gave up long ago
                 pass
         elif kind in ("cut", "drop"):
             await self._cut(scope, receive, send, action[1], drop=kind == "drop")

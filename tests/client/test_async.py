@@ -7,7 +7,6 @@ import io
 import time
 
 import pytest
-
 from humanline_client import (
     APIConnectionError,
     AsyncClient,

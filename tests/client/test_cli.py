@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from humanline_client.cli import app
+from typer.testing import CliRunner
 
 from .conftest import PREFERENCE
 
@@ -147,7 +146,9 @@ def test_jobs_list_show_cancel(cli, client, train_file):
 
     assert json.loads(cli("jobs", "cancel", a.id, "--json").stdout)["status"] == "cancelled"
     assert "cancelled" in cli("jobs", "cancel", b.id).stdout
-    assert [j["id"] for j in json.loads(cli("jobs", "list", "--status", "cancelled", "--json").stdout)] == [b.id, a.id]
+    assert [
+        j["id"] for j in json.loads(cli("jobs", "list", "--status", "cancelled", "--json").stdout)
+    ] == [b.id, a.id]
     again = cli("jobs", "cancel", a.id, "--json", ok=False)
     assert again.exit_code == 1 and json.loads(again.stderr)["error"]["status_code"] == 409
 
@@ -159,7 +160,12 @@ def test_jobs_events_metrics_checkpoints_download(cli, client, train_file, drive
     assert lines[0].startswith("[1]") and "created" in lines[0] and "succeeded" in lines[-1]
     parsed = [json.loads(x) for x in cli("jobs", "events", job.id, "--json").stdout.splitlines()]
     assert [e["seq"] for e in parsed] == list(range(1, len(parsed) + 1))
-    assert [e["seq"] for e in map(json.loads, cli("jobs", "events", job.id, "--after", "3", "--json").stdout.splitlines())] == [e["seq"] for e in parsed[3:]]
+    assert [
+        e["seq"]
+        for e in map(
+            json.loads, cli("jobs", "events", job.id, "--after", "3", "--json").stdout.splitlines()
+        )
+    ] == [e["seq"] for e in parsed[3:]]
 
     metrics = cli("jobs", "metrics", job.id).stdout
     assert "LOSS" in metrics and "CLIP_FRACTION" in metrics and "0.2333" in metrics
@@ -170,7 +176,17 @@ def test_jobs_events_metrics_checkpoints_download(cli, client, train_file, drive
     ckpts = json.loads(cli("jobs", "checkpoints", job.id, "--json").stdout)
     assert [c["step"] for c in ckpts] == [3]
     out = tmp_path / "weights.bin"
-    cli("jobs", "download", job.id, "--step", "3", "--file", "adapter_model.safetensors", "-o", str(out))
+    cli(
+        "jobs",
+        "download",
+        job.id,
+        "--step",
+        "3",
+        "--file",
+        "adapter_model.safetensors",
+        "-o",
+        str(out),
+    )
     assert out.read_bytes() == b"weights" * 10
 
 

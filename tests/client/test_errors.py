@@ -5,7 +5,6 @@ statuses it never sends (403, 500)."""
 from __future__ import annotations
 
 import pytest
-
 from humanline_client import (
     APIConnectionError,
     APIStatusError,
@@ -38,9 +37,11 @@ def test_400_bad_request(client):
 
 
 def test_401_authentication(server):
-    with Client(base_url=server.url, api_key="hl_not-a-key") as bad:
-        with pytest.raises(AuthenticationError) as info:
-            bad.jobs.list().first_page()
+    with (
+        Client(base_url=server.url, api_key="hl_not-a-key") as bad,
+        pytest.raises(AuthenticationError) as info,
+    ):
+        bad.jobs.list().first_page()
     assert info.value.status_code == 401 and "invalid" in info.value.message
 
 
@@ -107,8 +108,9 @@ def test_422_unprocessable_with_every_error(client, train_file):
 def test_429_rate_limit(server, client):
     token = server.faults.plan(("status", 429, {"Retry-After": "0"}))
     with pytest.raises(RateLimitError) as info:
-        client.with_options(max_retries=0, default_headers={"X-Test-Fault": token}).jobs.list(
-        ).first_page()
+        client.with_options(
+            max_retries=0, default_headers={"X-Test-Fault": token}
+        ).jobs.list().first_page()
     assert info.value.status_code == 429
 
 
@@ -134,9 +136,11 @@ def test_connection_refused(server):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
-    with Client(base_url=f"http://127.0.0.1:{port}", api_key="hl_x", max_retries=1) as dead:
-        with pytest.raises(APIConnectionError) as info:
-            dead.files.retrieve("file-x")
+    with (
+        Client(base_url=f"http://127.0.0.1:{port}", api_key="hl_x", max_retries=1) as dead,
+        pytest.raises(APIConnectionError) as info,
+    ):
+        dead.files.retrieve("file-x")
     err = info.value
     assert not isinstance(err, APITimeoutError) and err.request_id  # our own request id
     assert f"127.0.0.1:{port}" in str(err)

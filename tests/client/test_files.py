@@ -7,7 +7,6 @@ import io
 import itertools
 
 import pytest
-
 from humanline_client import (
     ConflictError,
     CursorPage,
@@ -119,3 +118,10 @@ def test_other_teams_files_are_invisible(server, client, train_file):
         assert list(other.files.list()) == []
         with pytest.raises(NotFoundError):
             other.files.content(train_file)
+
+
+def test_a_file_can_be_deleted_once_its_jobs_are_finished(client, train_file):
+    job = client.jobs.create(base_model="tiny-llama", training_file=train_file, objective="dpo")
+    client.jobs.cancel(job.id)
+    assert client.files.delete(train_file).deleted
+    assert client.jobs.retrieve(job.id).training_file == train_file  # the spec keeps the id

@@ -7,7 +7,6 @@ import io
 import time
 
 import pytest
-
 from humanline_client import (
     Checkpoint,
     ConflictError,
@@ -44,7 +43,11 @@ def test_create_sends_only_what_is_set_and_the_server_fills_defaults(client, tra
         metadata={"experiment": "sdk"},
     )
     assert isinstance(job, Job) and job.status == "queued" and not job.is_terminal
-    assert (job.objective, job.variant, job.training_file) == ("dpo", "offline+humanline", train_file)
+    assert (job.objective, job.variant, job.training_file) == (
+        "dpo",
+        "offline+humanline",
+        train_file,
+    )
     assert job.metadata == {"experiment": "sdk"}
     assert job.spec["objective"]["beta"] == 0.2 and job.spec["humanline"] is True
     assert job.spec["humanline_params"]["sync_every"] == 2
@@ -61,8 +64,13 @@ def test_create_extra_body_and_spec_errors(client, train_file):
     with pytest.raises(UnprocessableEntityError) as info:
         create(client, train_file, base_model="gpt-5")
     assert info.value.field == "base_model"
-    with pytest.raises(UnprocessableEntityError, match="online"):  # not available server-side yet
-        create(client, train_file, variant="online+humanline")
+    with pytest.raises(UnprocessableEntityError, match="reference"):
+        create(
+            client,
+            train_file,
+            variant="offline+humanline",
+            objective={"name": "dpo", "reference_free": True},
+        )
 
 
 def test_list_pages_lazily_and_filters(client, train_file):
@@ -129,7 +137,9 @@ def test_events_metrics_checkpoints_and_download(client, train_file, driver, tmp
     assert checkpoints[0].files == ["adapter_model.safetensors", "config.json"]
     data = client.jobs.download_checkpoint(job.id, step=5, file="adapter_model.safetensors")
     assert data == b"final-weights"
-    dest = client.jobs.download_checkpoint(job.id, step=3, file="config.json", to=tmp_path / "c.json")
+    dest = client.jobs.download_checkpoint(
+        job.id, step=3, file="config.json", to=tmp_path / "c.json"
+    )
     assert dest.read_bytes() == b"{}"
     with pytest.raises(NotFoundError) as info:
         client.jobs.download_checkpoint(job.id, step=3, file="../../secrets")
@@ -195,9 +205,7 @@ def test_wait_returns_the_final_job_and_reports_events(client, train_file, drive
 def test_wait_for_a_failed_or_cancelled_job(client, train_file, driver):
     failed = create(client, train_file)
     driver.start(failed.id)
-    driver.in_background(
-        lambda: (time.sleep(0.2), driver.finish(failed.id, "failed"))
-    )
+    driver.in_background(lambda: (time.sleep(0.2), driver.finish(failed.id, "failed")))
     assert client.jobs.wait(failed.id).status == "failed"
     queued = create(client, train_file)
     driver.in_background(lambda: (time.sleep(0.2), client.jobs.cancel(queued.id)))
@@ -250,3 +258,27 @@ def test_quota_of_active_jobs_is_a_rate_limit_error(server, client, train_file):
             base_model="tiny-llama", training_file=train_file, objective="dpo"
         )
     assert info.value.status_code == 429 and "active jobs" in info.value.message
+
+
+def test_stream_of_a_missing_job_raises_at_once(client):
+    with pytest.raises(NotFoundError):
+        list(client.jobs.stream_events("job-nope"))
+    with pytest.raises(NotFoundError):
+        client.jobs.wait("job-nope")
+
+
+def test_models_tolerate_what_a_newer_server_adds():
+    job = Job.model_validate(
+        {
+            "id": "job-1",
+            "status": "paused",  # a status this SDK does not know
+            "objective": "ppo",
+            "priority": 3,  # a field it does not know
+            "created_at": "2026-01-01T00:00:00Z",
+        }
+    )
+    assert job.status == "paused" and not job.is_terminal and job.priority == 3
+    assert job.model_extra == {"priority": 3} and job.to_dict()["priority"] == 3
+    assert Job.model_validate({"id": "job-2", "status": "succeeded"}).is_terminal
+    event = JobEvent.model_validate({"seq": 1, "kind": "reward_model", "extra": [1]})
+    assert event.kind == "reward_model" and event.extra == [1]

@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from humanline_client import APITimeoutError, ConflictError, InternalServerError, NotFoundError
 from humanline_client._base_client import BaseClient, _retry_after, should_retry
 
@@ -21,7 +20,9 @@ def faulty(client, server, *actions, **options):
     return token, client.with_options(default_headers={"X-Test-Fault": token}, **options)
 
 
-def test_create_retried_through_503_and_429_with_one_idempotency_key(client, server, team, train_file):
+def test_create_retried_through_503_and_429_with_one_idempotency_key(
+    client, server, team, train_file
+):
     token, c = faulty(
         client, server, ("status", 503, {"Retry-After": "0"}), ("status", 429, {"Retry-After": "0"})
     )
@@ -73,11 +74,11 @@ def test_cancel_retry_replays_instead_of_conflicting(client, server, train_file)
 
 
 def test_retry_after_is_honoured(client, server):
-    token, c = faulty(client, server, ("status", 503, {"Retry-After": "0.6"}))
+    _, c = faulty(client, server, ("status", 503, {"Retry-After": "0.6"}))
     started = time.monotonic()
     c.files.list().first_page()
     assert time.monotonic() - started >= 0.6
-    token, c = faulty(client, server, ("status", 429, {"retry-after-ms": "300"}))
+    _, c = faulty(client, server, ("status", 429, {"retry-after-ms": "300"}))
     started = time.monotonic()
     c.files.list().first_page()
     assert 0.3 <= time.monotonic() - started < 2
@@ -127,7 +128,9 @@ def test_retry_after_parsing_and_backoff():
     future = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 28 < _retry_after(headers({"retry-after": future})) <= 30
     assert _retry_after(headers({"retry-after": "soon"})) is None
-    base = BaseClient(base_url="http://x", api_key="hl_x", timeout=1, max_retries=2, default_headers={})
+    base = BaseClient(
+        base_url="http://x", api_key="hl_x", timeout=1, max_retries=2, default_headers={}
+    )
     for attempt, cap in enumerate([0.5, 1.0, 2.0, 4.0, 8.0, 8.0]):
         delay = base._retry_delay(attempt, None)
         assert 0.75 * cap <= delay <= cap

@@ -1,4 +1,4 @@
 from .files import AsyncFiles, Files
 from .jobs import AsyncJobs, Jobs
 
-__all__ = ["Files", "AsyncFiles", "Jobs", "AsyncJobs"]
+__all__ = ["AsyncFiles", "AsyncJobs", "Files", "Jobs"]

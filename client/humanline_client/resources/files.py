@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, List, Mapping, Optional, Tuple, Union
+from typing import IO, Any, Optional, Union
 
 from .._base_client import NOT_GIVEN, RequestOptions
 from .._resource import AsyncAPIResource, SyncAPIResource, path_id
 from ..pagination import AsyncPaginator, SyncPaginator
 from ..types import FileDeleted, FileObject, FilePurpose
 
-__all__ = ["Files", "AsyncFiles", "FileInput"]
+__all__ = ["AsyncFiles", "FileInput", "Files"]
 
 # A path (str or PathLike), the bytes themselves, a binary file object, or (filename, content).
-FileInput = Union[str, "os.PathLike[str]", bytes, IO[bytes], Tuple[str, Union[bytes, IO[bytes]]]]
+FileInput = Union[str, "os.PathLike[str]", bytes, IO[bytes], tuple[str, Union[bytes, IO[bytes]]]]
 JSONL = "application/jsonl"
 
 
@@ -29,7 +30,7 @@ class _Multipart:
         self._data: Optional[bytes] = None
         self._fh: Optional[IO[bytes]] = None
         self._start = 0
-        self._opened: List[IO[bytes]] = []
+        self._opened: list[IO[bytes]] = []
         name: Optional[str] = None
         if isinstance(file, tuple):
             name, file = file
@@ -56,7 +57,7 @@ class _Multipart:
 
     def __call__(self) -> Mapping[str, Any]:
         if self._path is not None:
-            content: Any = open(self._path, "rb")
+            content: Any = open(self._path, "rb")  # noqa: SIM115 - closed by close()
             self._opened.append(content)
         elif self._fh is not None:
             self._fh.seek(self._start)
@@ -114,7 +115,7 @@ class Files(SyncAPIResource):
         return self._client._get(f"/v1/files/{path_id(file_id, 'file')}", FileObject)
 
     def content(
-        self, file_id: str, *, to: Union[str, "os.PathLike[str]", None] = None
+        self, file_id: str, *, to: Union[str, os.PathLike[str], None] = None
     ) -> Union[bytes, Path]:
         """The file's bytes, or with `to=` streamed into that path (returned as a Path)."""
         opts = RequestOptions("GET", f"/v1/files/{path_id(file_id, 'file')}/content")
@@ -163,7 +164,7 @@ class AsyncFiles(AsyncAPIResource):
         return await self._client._get(f"/v1/files/{path_id(file_id, 'file')}", FileObject)
 
     async def content(
-        self, file_id: str, *, to: Union[str, "os.PathLike[str]", None] = None
+        self, file_id: str, *, to: Union[str, os.PathLike[str], None] = None
     ) -> Union[bytes, Path]:
         opts = RequestOptions("GET", f"/v1/files/{path_id(file_id, 'file')}/content")
         opts.headers["Accept"] = "*/*"

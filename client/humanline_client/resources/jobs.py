@@ -3,11 +3,13 @@ download_checkpoint, stream_events, wait."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import anyio
 
@@ -31,7 +33,9 @@ from ..types import (
     Variant,
 )
 
-__all__ = ["Jobs", "AsyncJobs"]
+__all__ = ["AsyncJobs", "Jobs"]
+
+log = logging.getLogger("humanline_client")
 
 PathLike = Union[str, "os.PathLike[str]"]
 EventCallback = Callable[[JobEvent], Any]
@@ -44,10 +48,10 @@ def _job_body(
     objective: Union[Objective, str, ObjectiveParams, Mapping[str, Any]],
     extra_body: Optional[Mapping[str, Any]] = None,
     **fields: Any,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """The JobSpec to POST: only what the caller set (the server fills in the paper's
     defaults, and the idempotency hash covers exactly this)."""
-    body: Dict[str, Any] = {
+    body: dict[str, Any] = {
         "base_model": base_model,
         "training_file": training_file,
         "objective": objective if isinstance(objective, str) else dict(objective),
@@ -61,14 +65,14 @@ def _job_body(
 
 def _list_params(
     status: Optional[str], metadata: Optional[Mapping[str, str]], limit: int, after: Optional[str]
-) -> Dict[str, Any]:
-    params: Dict[str, Any] = {"status": status, "limit": limit, "after": after}
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"status": status, "limit": limit, "after": after}
     for key, value in (metadata or {}).items():
         params[f"metadata[{key}]"] = value
     return params
 
 
-def _after_last_step(page: Any, params: Dict[str, Any]) -> Dict[str, Any]:
+def _after_last_step(page: Any, params: dict[str, Any]) -> dict[str, Any]:
     params["from_step"] = page.data[-1].step + 1
     return params
 
@@ -337,8 +341,8 @@ class Jobs(SyncAPIResource):
         try:
             tracker.job(job or self.retrieve(job_id))
             tracker.metrics(self.metrics(job_id, from_step=tracker.next_metric_step))
-        except Exception:  # noqa: BLE001 - a progress bar never breaks a wait
-            pass
+        except Exception:  # a progress bar never breaks a wait
+            log.debug("progress refresh of %s failed", job_id, exc_info=True)
 
     def _poll_progress(
         self, job_id: str, tracker: _Tracker, stop: threading.Event, interval: float
@@ -436,9 +440,7 @@ class AsyncJobs(AsyncAPIResource):
             ),
         )
 
-    def events(
-        self, job_id: str, *, after: int = 0, limit: int = 100
-    ) -> AsyncPaginator[JobEvent]:
+    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> AsyncPaginator[JobEvent]:
         return self._paginate(
             f"/v1/jobs/{path_id(job_id, 'job')}/events",
             JobEvent,
@@ -560,8 +562,8 @@ class AsyncJobs(AsyncAPIResource):
             tracker.metrics(
                 await self.metrics(job_id, from_step=tracker.next_metric_step).to_list()
             )
-        except Exception:  # noqa: BLE001 - a progress bar never breaks a wait
-            pass
+        except Exception:  # a progress bar never breaks a wait
+            log.debug("progress refresh of %s failed", job_id, exc_info=True)
 
     async def _poll_progress(self, job_id: str, tracker: _Tracker, interval: float) -> None:
         while True:
