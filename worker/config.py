@@ -23,8 +23,9 @@ class WorkerSettings(Settings):
     )
     WORKER_GPUS: str = Field(
         "",
-        description="Comma-separated CUDA device ids this worker owns, e.g. '0,1,2,3'; empty "
-        "= a CPU worker. A job uses all of them unless its metadata says `gpus: N`.",
+        description="CUDA device ids this worker owns, e.g. '0,1,2,3' (a job uses all of "
+        "them unless its metadata says `gpus: N`); 'none' = CPU only, GPUs hidden; empty = "
+        "one process with the worker's own devices.",
     )
     WORKER_CPU_MODELS: str = Field(
         "tiny-llama",
@@ -52,8 +53,14 @@ class WorkerSettings(Settings):
     )
 
     @property
-    def gpu_ids(self) -> list[str]:
-        return [g.strip() for g in self.WORKER_GPUS.split(",") if g.strip()]
+    def gpu_ids(self) -> list[str] | None:
+        """None: unset (inherit devices); []: CPU only; else the ids."""
+        value = self.WORKER_GPUS.strip()
+        if not value:
+            return None
+        if value.lower() in ("none", "cpu"):
+            return []
+        return [g.strip() for g in value.split(",") if g.strip()]
 
     @property
     def cpu_models(self) -> frozenset[str]:

@@ -11,9 +11,10 @@ Process count of an attempt (`placement`):
      per process and the trainer refuses another count;
   2. else metadata `gpus` = N (N >= 1);
   3. else every GPU of the worker (WORKER_GPUS), or 1 process on a CPU worker.
-N > 1 runs `accelerate launch --num_processes N` (DDP); CUDA_VISIBLE_DEVICES is always set,
-to the first N of the worker's GPUs, or to "" on a CPU worker so a job never grabs a GPU the
-worker was not given.
+N > 1 runs `accelerate launch --num_processes N` (DDP). Devices: WORKER_GPUS="0,1,2,3" gives
+the trainer CUDA_VISIBLE_DEVICES = the first N of them; WORKER_GPUS=none sets it to "" (a CPU
+worker on a GPU machine never grabs a GPU); unset, the trainer inherits the worker's devices
+and runs one process (the embedded server, a one-GPU box).
 """
 
 from __future__ import annotations
@@ -62,27 +63,44 @@ def queue_for(base_model: str, metadata: dict[str, Any] | None, cpu_models: froz
 @dataclass(frozen=True)
 class Placement:
     num_processes: int
-    gpu_ids: tuple[str, ...]  # empty: CPU
+    gpu_ids: tuple[str, ...] = ()  # the GPUs to use; empty: see `cpu`
+    cpu: bool = False  # True: hide every GPU; False with no gpu_ids: inherit the environment
 
     @property
-    def cuda_visible_devices(self) -> str:
-        return ",".join(self.gpu_ids)
+    def cuda_visible_devices(self) -> str | None:
+        """CUDA_VISIBLE_DEVICES for the trainer; None leaves the worker's own."""
+        if self.gpu_ids:
+            return ",".join(self.gpu_ids)
+        return "" if self.cpu else None
 
 
 def placement(
-    metadata: dict[str, Any] | None, worker_gpus: list[str], resume_world_size: int | None = None
+    metadata: dict[str, Any] | None,
+    worker_gpus: list[str] | None,
+    resume_world_size: int | None = None,
 ) -> Placement:
-    """How many processes an attempt uses and on which devices (module docstring)."""
+    """How many processes an attempt uses and on which devices (module docstring).
+
+    `worker_gpus` (WorkerSettings.gpu_ids): the worker's GPU ids; [] for a CPU-only worker
+    (WORKER_GPUS=none); None when unset, meaning one process that sees whatever devices
+    the worker sees (the embedded server, a single-GPU box).
+    """
     asked = requested_gpus(metadata)
     if resume_world_size is not None:
-        n = resume_world_size
+        n, why = resume_world_size, "its checkpoint was written by"
     elif asked:
-        n = asked
+        n, why = asked, "it asks for"
     else:
-        n = max(1, len(worker_gpus))
+        n, why = max(1, len(worker_gpus or ())), ""
+    if worker_gpus is None:
+        if n > 1:
+            raise PlacementError(
+                f"the job needs {n} processes ({why} {n}); set WORKER_GPUS to the GPU ids "
+                "this worker may use"
+            )
+        return Placement(1)
     if worker_gpus:
         if n > len(worker_gpus):
-            why = "its checkpoint was written by" if resume_world_size else "it asks for"
             raise PlacementError(
                 f"the job needs {n} GPUs ({why} {n} processes); this worker has "
                 f"{len(worker_gpus)} (WORKER_GPUS={','.join(worker_gpus)})"
@@ -90,7 +108,7 @@ def placement(
         return Placement(n, tuple(worker_gpus[:n]))
     if asked and resume_world_size is None:
         raise PlacementError(f"the job asks for {asked} GPUs; this worker has none")
-    return Placement(n, ())
+    return Placement(n, cpu=True)
 
 
 def free_port() -> int:
@@ -137,6 +155,7 @@ def trainer_env(place: Placement, base: dict[str, str] | None = None) -> dict[st
     env = dict(os.environ if base is None else base)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
-    env["CUDA_VISIBLE_DEVICES"] = place.cuda_visible_devices
+    if place.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = place.cuda_visible_devices
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load, load_file
 
+from models.tables import Job
 from tests.worker.conftest import (
     PREFERENCE,
     REPO,
@@ -124,7 +126,7 @@ def test_killed_worker_job_resumes_on_a_new_worker_bit_exactly(
     data = tmp_path / "train.jsonl"
     data.write_bytes(PREFERENCE)
     spec = {**stack.job(job_id)["spec"], "training_file": str(data)}
-    (tmp_path / "spec.json").write_text(__import__("json").dumps(spec))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
     ref_dir = tmp_path / "reference"
     reference = subprocess.Popen(
         [sys.executable, "-m", "trainer", "run", str(tmp_path / "spec.json"),
@@ -180,8 +182,6 @@ def test_warm_shutdown_hands_the_job_to_another_worker(stack, celery_workers):
     wait_for(lambda: len(metric_steps(stack.sessions, job_id)) >= 2, 60, what="training")
     assert first.terminate(timeout=60) == 0  # SIGTERM: checkpoint, release, exit
     with stack.sessions() as s:
-        from models.tables import Job
-
         job = s.get(Job, job_id)
         assert job.status == "queued" and job.lease_owner is None
     released_at = checkpoint_steps(stack.sessions, job_id)
@@ -189,6 +189,10 @@ def test_warm_shutdown_hands_the_job_to_another_worker(stack, celery_workers):
 
     second = celery_workers.start(stack.env, name="second")  # gets the re-sent task
     wait_for(lambda: "claimed (attempt 2)" in second.log(), 30, what="the second worker")
+    wait_for(
+        lambda: [e for e in events(stack.sessions, job_id) if e.kind == "resumed"], 60,
+        what="the resumed trainer",
+    )  # fmt: skip
     r = stack.client.post(f"/v1/jobs/{job_id}/cancel", headers=stack.headers)
     assert r.status_code == 200
     job = stack.wait_done(job_id, 60, celery_workers.logs)

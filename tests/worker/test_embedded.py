@@ -68,11 +68,14 @@ def test_embedded_worker_runs_stops_and_resumes_a_job(local, api):
 
 def test_enqueue_before_start_waits_for_the_worker(local):
     job_id = local.make_job(max_steps=2)
-    embedded.enqueue(job_id)  # nothing runs yet
-    assert local.job(job_id).status == "queued"
+    for key in local.store.list(""):  # the job fails fast (no trainer) once it is run
+        local.store.delete(key)
+    embedded.enqueue(job_id)
+    assert local.job(job_id).status == "queued"  # nothing runs before start()
     worker = embedded.start(local.settings)
     try:
         assert embedded.start(local.settings) is worker  # one per process
-        wait_for(lambda: local.job(job_id).status == "succeeded", 60, 0.2, "the job")
+        wait_for(lambda: local.job(job_id).status == "failed", 30, 0.1, "the job to run")
+        assert local.job(job_id).error["type"] == "missing_file"
     finally:
         embedded.stop()

@@ -39,26 +39,30 @@ def test_queue_for(base_model, metadata, queue):
 
 def test_placement():
     gpus = ["0", "1", "2", "3"]
-    assert placement({}, []) == Placement(1, ())
+    assert placement({}, None) == Placement(1)  # WORKER_GPUS unset: the worker's devices
+    assert placement({}, []) == Placement(1, cpu=True)  # WORKER_GPUS=none
     assert placement({}, gpus) == Placement(4, ("0", "1", "2", "3"))
     assert placement({"gpus": "2"}, gpus) == Placement(2, ("0", "1"))
-    assert placement({"gpus": "0"}, []) == Placement(1, ())
+    assert placement({"gpus": "1"}, None) == Placement(1)
+    assert placement({"gpus": "0"}, []) == Placement(1, cpu=True)
     # Resuming keeps the checkpoint's process count, whatever the worker has or the job says.
     assert placement({"gpus": "4"}, gpus, resume_world_size=2) == Placement(2, ("0", "1"))
-    assert placement({}, [], resume_world_size=2) == Placement(2, ())  # DDP on CPU
+    assert placement({}, [], resume_world_size=2) == Placement(2, cpu=True)  # DDP on CPU
     with pytest.raises(PlacementError, match="needs 8 GPUs"):
         placement({"gpus": "8"}, gpus)
     with pytest.raises(PlacementError, match="written by 8"):
         placement({}, gpus, resume_world_size=8)
     with pytest.raises(PlacementError, match="has none"):
         placement({"gpus": "2"}, [])
+    with pytest.raises(PlacementError, match="set WORKER_GPUS"):
+        placement({"gpus": "2"}, None)
     with pytest.raises(PlacementError, match="non-negative integer"):
         placement({"gpus": "-1"}, gpus)
 
 
 def test_single_process_command(tmp_path):
     cmd = trainer_command(
-        "/py", tmp_path / "spec.json", tmp_path / "run", resume=False, place=Placement(1, ())
+        "/py", tmp_path / "spec.json", tmp_path / "run", resume=False, place=Placement(1)
     )
     assert cmd == [
         "/py", "-m", "trainer", "run", str(tmp_path / "spec.json"),
@@ -87,16 +91,20 @@ def test_multi_gpu_command_uses_accelerate_launch():
 
 
 def test_multi_process_cpu_command_and_ports():
-    cmd = trainer_command("/py", Path("s"), Path("r"), resume=False, place=Placement(2, ()))
+    cmd = trainer_command("/py", Path("s"), Path("r"), resume=False, place=Placement(2, cpu=True))
     assert "--cpu" in cmd and "--multi_gpu" not in cmd
     port = int(cmd[cmd.index("--main_process_port") + 1])
     assert 1024 < port < 65536
-    assert trainer_env(Placement(1, ()), base={})["CUDA_VISIBLE_DEVICES"] == ""  # no GPU grab
+    assert trainer_env(Placement(1, cpu=True), base={})["CUDA_VISIBLE_DEVICES"] == ""  # hidden
+    inherited = trainer_env(Placement(1), base={"CUDA_VISIBLE_DEVICES": "3"})
+    assert inherited["CUDA_VISIBLE_DEVICES"] == "3"
 
 
 def test_worker_settings():
     s = WorkerSettings(WORKER_GPUS=" 0, 1 ,", LEASE_SECONDS=5, HEARTBEAT_SECONDS=30)
     assert s.gpu_ids == ["0", "1"]
+    assert WorkerSettings(WORKER_GPUS="").gpu_ids is None
+    assert WorkerSettings(WORKER_GPUS="none").gpu_ids == []
     assert s.heartbeat_seconds == pytest.approx(5 / 3)  # never slower than a third of the lease
     assert WorkerSettings(LEASE_SECONDS=120, HEARTBEAT_SECONDS=30).heartbeat_seconds == 30
     assert "tiny-llama" in WorkerSettings().cpu_models
@@ -114,3 +122,12 @@ def test_tail_returns_complete_lines_only(tmp_path):
     assert tail.read() == [{"step": 2}, {"step": 3}]
     path.write_text('{"step": 1}\n')  # rewritten shorter: read from the start again
     assert tail.read() == [{"step": 1}]
+
+
+def test_python_m_worker_defaults():
+    from worker.__main__ import default_args
+
+    assert default_args([]) == ["worker", "-Q", "celery,cpu,gpu", "--pool=solo", "-c", "1"]
+    assert default_args(["-Q", "gpu", "--pool=prefork", "-c", "2", "-n", "x@%h"]) == [
+        "worker", "-Q", "gpu", "--pool=prefork", "-c", "2", "-n", "x@%h",
+    ]  # fmt: skip

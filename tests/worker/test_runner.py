@@ -106,3 +106,10 @@ def test_stderr_error_takes_the_last_line():
         assert error["message"] == "the trainer exited with code 1: ValueError: boom"
         assert stderr_error(path, -9, 4000)["message"] == "the trainer was killed by signal 9"
         assert stderr_error(Path(d) / "nope", 1, 100)["stderr_tail"] == ""
+
+
+def test_a_job_asking_for_more_gpus_than_it_can_place_fails(local):
+    job_id = local.make_job(max_steps=2, metadata={"gpus": "2"})
+    assert _runner(local).run(job_id) == "failed"
+    error = local.job(job_id).error
+    assert error["type"] == "placement_error" and "set WORKER_GPUS" in error["message"]
