@@ -1,5 +1,6 @@
 """Checkpoints that resume bit-for-bit: trainable weights, optimizer, scheduler, RNG streams,
-the reference's pending log-probs, the step (the data position follows from it) and the spec.
+the reference's pending log-probs, the online round's examples (offline, the data position
+follows from the step) and the spec.
 
 Layout: `OUT/checkpoints/step-N/` holding `weights.safetensors` (adapter or full), `optimizer.pt`,
 `scheduler.pt`, `rank-R.pt` (RNG + reference cache, one per process), `state.json` and
@@ -60,7 +61,7 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, reference, spec_json: str, extra: dict) -> Checkpoint:
+def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, reference, data, spec_json: str, extra: dict) -> Checkpoint:
     """Collective: every process calls it. Returns the final directory."""
     final = checkpoint_dir(out_dir) / f"step-{step}"
     tmp = final.with_name(final.name + ".tmp")
@@ -69,7 +70,8 @@ def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, 
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     rank = accelerator.process_index
-    torch.save({"rng": _rng_state(), "reference": reference.state_dict()}, tmp / f"rank-{rank}.pt")
+    mine = {"rng": _rng_state(), "reference": reference.state_dict(), "data": data.state_dict()}
+    torch.save(mine, tmp / f"rank-{rank}.pt")
     if accelerator.is_main_process:
         weights = {k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(accelerator.unwrap_model(model)).items()}
         save_file(weights, tmp / "weights.safetensors")
@@ -89,7 +91,7 @@ def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, 
     return Checkpoint(step, final)
 
 
-def load(ckpt: Checkpoint, *, accelerator, model, optimizer, scheduler, reference) -> dict:
+def load(ckpt: Checkpoint, *, accelerator, model, optimizer, scheduler, reference, data) -> dict:
     """Restore everything `save` wrote; returns state.json."""
     state = json.loads((ckpt.path / "state.json").read_text())
     if state["world_size"] != accelerator.num_processes:
@@ -102,5 +104,6 @@ def load(ckpt: Checkpoint, *, accelerator, model, optimizer, scheduler, referenc
     scheduler.load_state_dict(torch.load(ckpt.path / "scheduler.pt", weights_only=False))
     mine = torch.load(ckpt.path / f"rank-{accelerator.process_index}.pt", weights_only=False)
     reference.load_state_dict(mine["reference"])
+    data.load_state_dict(mine["data"])
     _set_rng_state(mine["rng"])
     return state

@@ -3,7 +3,7 @@
 - `none` with LoRA: the base model with the adapter switched off (torchtune's way): no copy.
 - `none` with full fine-tuning: a frozen copy of the initial weights (what every DPO
   implementation keeps; the cost offline training always pays).
-- `humanline` / `trust_region` (any adapter): no reference model at all. At a sync point the
+- `humanline` / `trust_region`, and every online run (any adapter): no reference model at all. At a sync point the
   reference becomes the current weights, and the reference is only ever *used* on the next k
   batches, whose order is known (trainer.plan). So at the sync point we score those k batches
   with the current weights and keep just their per-token log-probs. Humanline calls `refresh`
@@ -28,7 +28,7 @@ BatchFn = Callable[[int, int], TokenBatch]  # (step, micro) -> this rank's micro
 
 class Reference(Protocol):
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor: ...
-    def refresh(self, step: int) -> None: ...
+    def refresh(self, step: int, until: int) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
 
@@ -53,7 +53,7 @@ class FrozenCopy:
         with torch.no_grad():
             return token_logps(self.model, batch)
 
-    def refresh(self, step: int) -> None:
+    def refresh(self, step: int, until: int) -> None:
         raise RuntimeError("a frozen reference is never synced")
 
     def state_dict(self) -> dict:
@@ -71,7 +71,7 @@ class AdapterOff:
         with _scoring(self.model), self.model.disable_adapter():
             return token_logps(self.model, batch)
 
-    def refresh(self, step: int) -> None:
+    def refresh(self, step: int, until: int) -> None:
         raise RuntimeError("an adapter-off reference is never synced")
 
     def state_dict(self) -> dict:
@@ -82,17 +82,16 @@ class AdapterOff:
 
 
 class Lookahead:
-    def __init__(self, model: torch.nn.Module, batch_fn: BatchFn, every: int, total: int, accum: int):
-        self.model, self.batch_fn = model, batch_fn
-        self.every, self.total, self.accum = every, total, accum
+    def __init__(self, model: torch.nn.Module, batch_fn: BatchFn, accum: int):
+        self.model, self.batch_fn, self.accum = model, batch_fn, accum
         self.cache: dict[tuple[int, int], torch.Tensor] = {}
 
-    def refresh(self, step: int) -> None:
-        """Make the current weights the reference of steps step+1 .. step+k."""
+    def refresh(self, step: int, until: int) -> None:
+        """Make the current weights the reference of steps step+1 .. until (the trainer knows
+        where the next sync point or the end of the data segment lies)."""
         self.cache.clear()  # any leftover belongs to the previous reference
-        last = min(step + self.every, self.total)
         with _scoring(self.model):
-            for s in range(step + 1, last + 1):
+            for s in range(step + 1, until + 1):
                 for m in range(self.accum):
                     self.cache[(s, m)] = token_logps(self.model, self.batch_fn(s, m))
 
@@ -114,10 +113,11 @@ class Lookahead:
 
 
 def make_reference(
-    sync: str, model: torch.nn.Module, unwrapped: torch.nn.Module, lora: bool, **lookahead
+    sync: str, online: bool, model: torch.nn.Module, unwrapped: torch.nn.Module, lora: bool, **lookahead
 ) -> Reference:
-    """The one place the reference strategy is chosen (see the module docstring)."""
-    if sync in ("humanline", "trust_region"):
+    """The one place the reference strategy is chosen (see the module docstring). Online runs
+    always look ahead: their reference is reset to the policy at every round's start."""
+    if online or sync in ("humanline", "trust_region"):
         return Lookahead(model, **lookahead)
     if lora:
         return AdapterOff(unwrapped)

@@ -25,6 +25,7 @@ from transformers import get_scheduler
 from trainer import checkpoint
 from trainer.logps import token_logps
 from trainer.modeling import load_policy, load_tokenizer, resolve_model, save_pretrained_weights
+from trainer.online.rounds import OfflineData, OnlineData
 from trainer.plan import BatchPlan, total_steps
 from trainer.quality import data_quality, quality_batches
 from trainer.recipes import LossContext, make_recipe
@@ -52,10 +53,6 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _sequences(example) -> list:
-    return [example.seq] if hasattr(example, "seq") else list(example)
-
-
 class Trainer:
     def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True):
         # ---- setup -------------------------------------------------------------------------
@@ -69,23 +66,13 @@ class Trainer:
         self.log = RunLog(self.out_dir, enabled=acc.is_main_process)
         _seed_everything(spec.seed)
 
-        model_dir = resolve_model(spec.base_model)
-        self.tokenizer = load_tokenizer(model_dir)
+        self.model_dir = resolve_model(spec.base_model)
+        self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
-        fmt, records = read_jsonl(spec.training_file)
-        if fmt not in self.recipe.accepts:
-            raise ValueError(f"{spec.objective.name} trains on {' or '.join(self.recipe.accepts)} data, got {fmt}")
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
-        self.examples = self.recipe.build(fmt, records, self.chat)
-        report = self.chat.report.as_dict()
-        self.log.event("data", f"{len(self.examples)} training examples from {len(records)} {fmt} records", **report)
-        if self.chat.report.any:
-            self.log.event("warning", "some examples were truncated or dropped to fit max_length", **report)
-        self.total = total_steps(len(self.examples), spec.global_batch_size, spec.epochs, spec.max_steps)
-        self.plan = BatchPlan(len(self.examples), spec.global_batch_size, spec.grad_accum,
-                              acc.num_processes, acc.process_index, spec.seed, self.total)
+        self.data = self._load_data(spec)
 
-        model = load_policy(spec, model_dir)
+        model = load_policy(spec, self.model_dir)
         self.params = [p for p in model.parameters() if p.requires_grad]
         o = spec.optim
         optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
@@ -96,8 +83,8 @@ class Trainer:
         self.unwrapped = model
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.reference = make_reference(
-            spec.sync, self.model, model, spec.adapter.kind == "lora", batch_fn=self.batch_for,
-            every=spec.humanline_params.sync_every, total=self.total, accum=spec.grad_accum,
+            spec.sync, spec.data_source == "online", self.model, model, spec.adapter.kind == "lora",
+            batch_fn=self.batch_for, accum=spec.grad_accum,
         )
         self.humanline = spec.humanline_params if spec.humanline else None
         self._batches: dict[tuple[int, int], TokenBatch] = {}
@@ -107,18 +94,58 @@ class Trainer:
         last = checkpoint.latest(self.out_dir) if resume else None
         if last is not None:
             checkpoint.load(last, accelerator=acc, model=self.model, optimizer=self.optimizer,
-                            scheduler=self.scheduler, reference=self.reference)
+                            scheduler=self.scheduler, reference=self.reference, data=self.data)
             self.start = last.step
             self.log.truncate_metrics(self.start)
             self.log.event("resumed", f"resumed from step {self.start}", step=self.start)
         else:
-            if spec.quality_sample and acc.is_main_process:
+            if spec.quality_sample and spec.data_source == "offline" and acc.is_main_process:
                 self._data_quality()
             acc.wait_for_everyone()
-            if isinstance(self.reference, Lookahead):
-                with acc.autocast():
-                    self.reference.refresh(0)  # steps 1..k use the initial weights as reference
+            if isinstance(self.reference, Lookahead) and spec.data_source == "offline":
+                self._refresh_reference(0)  # steps 1..k use the initial weights as reference
         self.model.train()
+
+    def _load_data(self, spec: JobSpec) -> OfflineData | OnlineData:
+        fmt, records = read_jsonl(spec.training_file)
+        acc = self.accelerator
+        if spec.data_source == "online":
+            if "prompt" not in records[0]:
+                raise ValueError(f"online jobs sample from prompts; {fmt} records have none")
+            self.total = spec.max_steps  # type: ignore[assignment]  (required for online)
+            self.log.event("data", f"{len(records)} prompts ({fmt}) for online sampling")
+            return OnlineData(spec, self.recipe, self.chat, records, acc, self.total)
+        if fmt not in self.recipe.accepts:
+            raise ValueError(f"{spec.objective.name} trains on {' or '.join(self.recipe.accepts)} data, got {fmt}")
+        examples = self.recipe.build(fmt, records, self.chat)
+        report = self.chat.report.as_dict()
+        self.log.event("data", f"{len(examples)} training examples from {len(records)} {fmt} records", **report)
+        if self.chat.report.any:
+            self.log.event("warning", "some examples were truncated or dropped to fit max_length", **report)
+        self.total = total_steps(len(examples), spec.global_batch_size, spec.epochs, spec.max_steps)
+        plan = BatchPlan(len(examples), spec.global_batch_size, spec.grad_accum,
+                         acc.num_processes, acc.process_index, spec.seed, self.total)
+        return OfflineData(examples, plan)
+
+    def _refresh_reference(self, step: int) -> None:
+        """Current weights → reference of steps step+1 .. the next sync point, within the
+        current data segment (the run offline; the round online)."""
+        end = self.data.segment_end(step + 1)
+        if end <= step:
+            return  # the next step opens a new round, whose start resets the reference
+        k = self.spec.humanline_params.sync_every
+        syncing = self.spec.sync in ("humanline", "trust_region")
+        until = min(end, (step // k + 1) * k) if syncing else end
+        with self.accelerator.autocast():  # the reference sees the same precision as the policy
+            self.reference.refresh(step, until)
+
+    def _begin_round(self, step: int) -> dict[str, float]:
+        """Online: sample the round that starts at `step`; its reference is the policy now."""
+        stats = self.data.begin_round(step, self.unwrapped, self.model_dir, self.tokenizer)
+        self.log.event("round", f"round {int(stats['round/index'])}: {int(stats['round/examples'])} examples "
+                       f"from {int(stats['round/prompts'])} prompts", step=step, **stats)
+        self._refresh_reference(step - 1)
+        return stats
 
     def batch_for(self, step: int, micro: int) -> TokenBatch:
         """This process's micro-batch `micro` of `step`: a pure function of the plan.
@@ -128,14 +155,15 @@ class Trainer:
         """
         key = (step, micro)
         if key not in self._batches:
-            rows = self.recipe.rows(self.examples, self.plan.micro(step, micro), self.chat)
+            rows = self.recipe.rows(self.data.examples, self.data.micro(step, micro), self.chat)
             self._batches[key] = collate(rows, self.tokenizer.pad_token_id)
         return self._batches[key]
 
     def _data_quality(self) -> None:
         pad = self.tokenizer.pad_token_id
-        make = lambda idx: collate([s for i in idx for s in _sequences(self.examples[i])], pad)  # noqa: E731
-        quality = data_quality(self.unwrapped, quality_batches(len(self.examples), make, self.spec.quality_sample))
+        examples = self.data.examples
+        make = lambda idx: collate([s for i in idx for s in self.recipe.sequences(examples[i])], pad)  # noqa: E731
+        quality = data_quality(self.unwrapped, quality_batches(len(examples), make, self.spec.quality_sample))
         self.log.write_json("data_quality.json", quality)
         if quality.get("warning"):
             self.log.event("warning", quality["warning"], data_quality_mean=quality["mean"])
@@ -145,7 +173,8 @@ class Trainer:
         spec, acc, accum = self.spec, self.accelerator, self.spec.grad_accum
         world, k = acc.num_processes, spec.humanline_params.sync_every
         t0 = time.perf_counter()
-        micro = [self.plan.micro(step, m) for m in range(accum)]
+        round_stats = self._begin_round(step) if self.data.needs_round(step) else {}
+        micro = [self.data.micro(step, m) for m in range(accum)]
         batches = [self.batch_for(step, m) for m in range(accum)]
         self._batches = {key: b for key, b in self._batches.items() if key[0] > step}  # used now
         ctx = LossContext(humanline=self.humanline, length_normalize=spec.length_normalize)
@@ -165,7 +194,7 @@ class Trainer:
                 ref = self.reference.logps(step, m, batch)
             with acc.no_sync(self.model) if m < accum - 1 else nullcontext():
                 pol = token_logps(self.model, batch)
-                out = self.recipe.loss(pol, ref, batch, mb, self.examples, ctx)
+                out = self.recipe.loss(pol, ref, batch, mb, self.data.examples, ctx)
                 acc.backward(out.loss / accum)
             for name, value in out.metrics.items():
                 sums[name] += value / accum
@@ -173,23 +202,21 @@ class Trainer:
         grad_norm = acc.clip_grad_norm_(self.params, spec.optim.max_grad_norm)
         t_sync = time.perf_counter()
         if spec.sync == "humanline" and step % k == 0:
-            with acc.autocast():
-                self.reference.refresh(step)  # humanline: reference := θ_s, *before* the update
+            self._refresh_reference(step)  # humanline: reference := θ_s, *before* the update
         t_sync = time.perf_counter() - t_sync
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if spec.sync == "trust_region" and step % k == 0:
-            with acc.autocast():
-                self.reference.refresh(step)  # trust region: reference := θ_{s+1}, after the update
+            self._refresh_reference(step)  # trust region: reference := θ_{s+1}, after the update
 
         keys = sorted(sums)
         reduced = acc.reduce(torch.tensor([sums[n] for n in keys], device=acc.device), "mean")
         metrics = dict(zip(keys, reduced.tolist()))
         elapsed = time.perf_counter() - t0
         metrics.update(grad_norm=float(grad_norm), lr=lr, step_time=elapsed, sync_time=t_sync,
-                       tokens_per_s=tokens * world / elapsed)
+                       tokens_per_s=tokens * world / elapsed, **round_stats)
         return metrics
 
     # ---- the run: steps, logging, checkpoints, stop requests, export ----------------------------
@@ -231,7 +258,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         ck = checkpoint.save(self.out_dir, step, accelerator=self.accelerator, model=self.model,
-                             optimizer=self.optimizer, scheduler=self.scheduler, reference=self.reference,
+                             optimizer=self.optimizer, scheduler=self.scheduler, reference=self.reference, data=self.data,
                              spec_json=self.spec.model_dump_json(indent=2), extra={"total_steps": self.total})
         self.log.event("checkpoint", f"checkpoint at step {step}", step=step, path=str(ck.path))
 

@@ -41,7 +41,8 @@ def test_variant_shorthand_and_sync_default():
         ({"batch_size": 10, "grad_accum": 3}, "divisible"),
         ({"max_prompt_length": 1024, "max_length": 512}, "max_prompt_length"),
         ({"unknown_field": 1}, "unknown_field"),
-        ({"data_source": "online"}, "online"),
+        ({"data_source": "online"}, "max_steps"),
+        ({"online": {"tau": 0.5}}, "data_source 'online'"),
     ],
 )
 def test_invalid_specs_are_rejected_with_the_reason(kw, where):

@@ -30,8 +30,14 @@ class LossContext:
 class Recipe(Protocol):
     accepts: ClassVar[tuple[str, ...]]
     token_level: ClassVar[bool]  # loss is a mean over the whole batch's tokens (DAPO)
+    examples_per_prompt: ClassVar[int]  # online: examples one kept prompt yields
 
     def build(self, fmt: str, records: Sequence[dict], chat: ChatTokenizer) -> list[Any]: ...
+
+    def from_samples(self, groups: Sequence[Sequence[Any]], prompt_ids: Sequence[list[int]],
+                     chat: ChatTokenizer, online: Any) -> list[Any]: ...
+
+    def sequences(self, example: Any) -> list[TokenSeq]: ...
 
     def rows(self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer) -> list[TokenSeq]: ...
 
@@ -49,3 +55,9 @@ def build_pairs(records: Sequence[dict], chat: ChatTokenizer) -> list[tuple[Toke
         if seqs is not None:
             pairs.append((seqs[0], seqs[1]))
     return pairs
+
+
+def fit_pair(chat: ChatTokenizer, prompt_ids: list[int], chosen, rejected) -> tuple[TokenSeq, TokenSeq] | None:
+    """Two sampled completions (anything with `token_ids`) of one prompt, fitted to max_length."""
+    a, b = chat.fit(prompt_ids, list(chosen.token_ids)), chat.fit(prompt_ids, list(rejected.token_ids))
+    return None if a is None or b is None else (a, b)

@@ -5,19 +5,29 @@ from __future__ import annotations
 from typing import ClassVar, Sequence
 
 from trainer.losses.dpo import dpo_loss
-from trainer.recipes.base import LossContext, build_pairs
+from trainer.online.pairs import dpo_pairs
+from trainer.recipes.base import LossContext, build_pairs, fit_pair
 from trainer.spec.job import DPOConfig, JobSpec
 
 
 class DPORecipe:
     accepts: ClassVar[tuple[str, ...]] = ("preference",)
     token_level: ClassVar[bool] = False
+    examples_per_prompt: ClassVar[int] = 1
 
     def __init__(self, spec: JobSpec):
         self.cfg: DPOConfig = spec.objective  # type: ignore[assignment]
 
     def build(self, fmt, records, chat):
         return build_pairs(records, chat)
+
+    def from_samples(self, groups, prompt_ids, chat, online):
+        """Online: the best and worst completion of each prompt whose spread is ≥ τ."""
+        pairs = (fit_pair(chat, prompt_ids[p.prompt_index], p.chosen, p.rejected) for p in dpo_pairs(groups, online.tau))
+        return [p for p in pairs if p is not None]
+
+    def sequences(self, example):
+        return list(example)
 
     def rows(self, examples: Sequence, mb, chat):
         return [examples[i][0] for i in mb.indices] + [examples[i][1] for i in mb.indices]

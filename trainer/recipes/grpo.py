@@ -1,32 +1,56 @@
-"""Offline GRPO (paper, Algorithm 2): each (x, y_w, y_l) pair is a group of two, A = +1/−1."""
+"""GRPO on groups: offline, each (x, y_w, y_l) pair is a group of two with A = +1/−1 (paper,
+Algorithm 2); online, each prompt's sampled completions with group-relative advantages."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
 
-from trainer.losses.grpo import grpo_loss
+from trainer.losses.grpo import group_advantages, grpo_loss
+from trainer.online.pairs import grpo_groups
 from trainer.recipes.base import LossContext, build_pairs
 from trainer.spec.job import GRPOConfig, JobSpec
+from trainer.tokenize import TokenSeq
+
+
+@dataclass(frozen=True)
+class GRPOGroup:
+    seqs: tuple[TokenSeq, ...]
+    advantages: tuple[float, ...]
 
 
 class GRPORecipe:
     accepts: ClassVar[tuple[str, ...]] = ("preference",)
     token_level: ClassVar[bool] = True
+    examples_per_prompt: ClassVar[int] = 1
 
     def __init__(self, spec: JobSpec):
         self.cfg: GRPOConfig = spec.objective  # type: ignore[assignment]
         self.epsilon = spec.grpo_epsilon
 
     def build(self, fmt, records, chat):
-        return build_pairs(records, chat)
+        return [GRPOGroup((w, l), (1.0, -1.0)) for w, l in build_pairs(records, chat)]
 
-    def rows(self, examples: Sequence, mb, chat):
-        return [seq for i in mb.indices for seq in examples[i]]  # w0, l0, w1, l1, ...
+    def from_samples(self, groups, prompt_ids, chat, online):
+        """Online: raw scores → A = (R − mean) / std within each kept group."""
+        out = []
+        for g in grpo_groups(groups, online.tau, online.grpo_keep):
+            seqs = [chat.fit(prompt_ids[g.prompt_index], list(c.token_ids)) for c in g.completions]
+            if all(s is not None for s in seqs):
+                adv = group_advantages(torch.tensor(g.scores), len(g.scores)).tolist()
+                out.append(GRPOGroup(tuple(seqs), tuple(adv)))
+        return out
+
+    def sequences(self, example: GRPOGroup):
+        return list(example.seqs)
+
+    def rows(self, examples: Sequence[GRPOGroup], mb, chat):
+        return [seq for i in mb.indices for seq in examples[i].seqs]
 
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
-        advantages = torch.tensor([1.0, -1.0] * len(mb.indices), device=pol.device)
+        advantages = torch.tensor([a for i in mb.indices for a in examples[i].advantages], device=pol.device)
         return grpo_loss(
             pol, ref, batch.mask.to(pol.device), advantages, self.epsilon, self.cfg.beta_kl,
             humanline=ctx.humanline, generator=ctx.generator,

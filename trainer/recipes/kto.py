@@ -12,7 +12,8 @@ from typing import ClassVar, Sequence
 import torch
 
 from trainer.losses.kto import kto_loss
-from trainer.recipes.base import LossContext, build_pairs
+from trainer.online.pairs import dpo_pairs
+from trainer.recipes.base import LossContext, build_pairs, fit_pair
 from trainer.spec.job import KTOConfig, JobSpec
 from trainer.tokenize import TokenSeq
 
@@ -26,6 +27,7 @@ class Unpaired:
 class KTORecipe:
     accepts: ClassVar[tuple[str, ...]] = ("preference", "unpaired")
     token_level: ClassVar[bool] = False
+    examples_per_prompt: ClassVar[int] = 2
 
     def __init__(self, spec: JobSpec):
         self.cfg: KTOConfig = spec.objective  # type: ignore[assignment]
@@ -39,6 +41,18 @@ class KTORecipe:
             if seqs is not None:
                 out.append(Unpaired(seqs[0], r["label"]))
         return out
+
+    def from_samples(self, groups, prompt_ids, chat, online):
+        """Online: DPO's pairs first, then split (as the paper does, rather than thresholds)."""
+        out = []
+        for p in dpo_pairs(groups, online.tau):
+            pair = fit_pair(chat, prompt_ids[p.prompt_index], p.chosen, p.rejected)
+            if pair is not None:
+                out += [Unpaired(pair[0], True), Unpaired(pair[1], False)]
+        return out
+
+    def sequences(self, example):
+        return [example.seq]
 
     def rows(self, examples: Sequence[Unpaired], mb, chat):
         own = [examples[i].seq for i in mb.indices]

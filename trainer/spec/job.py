@@ -10,7 +10,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trainer.rewards.base import RewardSpec
+from trainer.rewards.registry import MATH_REWARDS, REWARDS
 
 ObjectiveName = Literal["dpo", "kto", "grpo"]
 DataSource = Literal["offline", "online"]
@@ -104,6 +107,42 @@ class AdapterConfig(_Strict):
     )
 
 
+class OnlineConfig(_Strict):
+    """Round-based online data (paper, Algorithm 1): every `sample_every` steps, sample
+    `num_samples` completions per prompt from the current policy, score them, and train the
+    next `sample_every` steps on what survives the τ filter."""
+
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: list(MATH_REWARDS),
+        min_length=1,
+        description="Registered reward sources with weights; default: the paper's math setup "
+        "(tag_count 1, format 1, math_accuracy 8).",
+    )
+    num_samples: int = Field(8, ge=2, description="G: completions sampled per prompt.")
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1)
+    tau: float = Field(0.01, ge=0, description="Keep a prompt when max − min score ≥ τ.")
+    sample_every: int = Field(
+        32, ge=1, description="Steps per round: sample once, then train this many steps."
+    )
+    grpo_keep: Literal["all", "extremes"] = Field(
+        "all", description="GRPO groups: all G completions, or only the best and worst."
+    )
+    engine: Literal["auto", "vllm", "hf"] = "auto"
+    prompt_budget: float = Field(
+        4.0, ge=1, description="Most prompts a round samples, as a multiple of those it needs."
+    )
+
+    @field_validator("rewards")
+    @classmethod
+    def _registered(cls, rewards: list[RewardSpec]) -> list[RewardSpec]:
+        for r in rewards:
+            if r.name not in REWARDS:
+                raise ValueError(f"unknown reward {r.name!r}; registered: {', '.join(sorted(REWARDS))}")
+        return rewards
+
+
 class JobSpec(_Strict):
     """Everything needed to reproduce one training run."""
 
@@ -119,6 +158,9 @@ class JobSpec(_Strict):
     objective: Objective
     data_source: DataSource = "offline"
     humanline: bool = False
+    online: OnlineConfig | None = Field(
+        None, description="Sampling and rewards; required (defaults filled) when online."
+    )
     humanline_params: HumanlineParams = Field(default_factory=HumanlineParams)
     reference_sync: ReferenceSync | None = Field(
         None, description="Default: 'humanline' for humanline jobs, else 'none'."
@@ -159,8 +201,12 @@ class JobSpec(_Strict):
     def _check(self) -> JobSpec:
         if self.max_prompt_length >= self.max_length:
             raise ValueError("max_prompt_length must be smaller than max_length")
-        if self.data_source == "online":
-            raise ValueError("data_source 'online' is not available yet; use 'offline'")
+        if self.data_source == "online" and self.max_steps is None:
+            raise ValueError("online jobs need max_steps (their data is sampled as they train)")
+        if self.data_source == "online" and self.online is None:
+            self.online = OnlineConfig()
+        if self.data_source == "offline" and self.online is not None:
+            raise ValueError("'online' settings need data_source 'online'")
         if self.humanline and getattr(self.objective, "reference_free", False):
             raise ValueError("humanline needs a reference model; reference_free DPO has none")
         if self.batch_size is not None and self.batch_size % self.grad_accum:

@@ -1,0 +1,144 @@
+"""Online rounds end to end on tiny-llama with the transformers engine and real rewards."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainer.train as train_mod
+from trainer.logps import token_logps
+from trainer.modeling import load_trainable_state_dict, resolve_model, trainable_state_dict
+from trainer.spec.job import JobSpec
+from trainer.synthetic import write_jsonl
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory) -> Path:
+    """A real sequence-classification checkpoint (random weights): continuous scores."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    tiny = resolve_model("tiny-llama")
+    tok = AutoTokenizer.from_pretrained(tiny)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("rm")
+    LlamaForSequenceClassification(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    rows = [{"prompt": f"What is {a} + {b}? Answer in <answer></answer> tags.", "answer": str(a + b)}
+            for a in range(2, 10) for b in range(3, 7)]
+    return write_jsonl(tmp_path_factory.mktemp("prompts") / "arith.jsonl", rows)
+
+
+def online_spec(prompt_file, reward_model_dir, **kw) -> JobSpec:
+    base = {
+        "base_model": "tiny-llama", "training_file": str(prompt_file), "objective": "dpo",
+        "variant": "online", "batch_size": 4, "max_steps": 4, "max_length": 96, "max_prompt_length": 48,
+        "optim": {"lr": 3e-3, "warmup_ratio": 0.0},
+        "online": {"num_samples": 4, "max_new_tokens": 12, "sample_every": 2, "engine": "hf",
+                   "rewards": [{"name": "math_accuracy", "weight": 8.0},
+                               {"name": "reward_model", "weight": 1.0, "options": {"path": str(reward_model_dir)}}]},
+    }
+    return JobSpec.model_validate({**base, **kw})
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
+@pytest.mark.parametrize("variant", ["online", "online+humanline"])
+def test_online_rounds_run_end_to_end(tmp_path, prompt_file, reward_model_dir, objective, variant):
+    spec = online_spec(prompt_file, reward_model_dir, objective=objective, variant=variant)
+    result = train_mod.train(spec, tmp_path, progress=False)
+    assert result.status == "succeeded" and result.step == 4
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # a round every 2 steps, with sampling and scoring timed apart from training
+    firsts = [r for r in rows if "round/index" in r]
+    assert [r["step"] for r in firsts] == [1, 3]
+    for r in firsts:
+        assert r["round/sample_time"] > 0 and r["round/score_time"] > 0 and r["round/examples"] >= 8
+        assert "reward/math_accuracy" in r and "reward/reward_model" in r
+    events = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "round" for e in events) == 2
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+def _recording(monkeypatch):
+    calls, holder = [], {}
+    real_load, real_recipe = train_mod.load_policy, train_mod.make_recipe
+
+    def load_policy(spec, model_dir):
+        holder["model"] = real_load(spec, model_dir)
+        return holder["model"]
+
+    def make_recipe(spec):
+        recipe = real_recipe(spec)
+        real_loss = recipe.loss
+
+        def loss(pol, ref, batch, mb, examples, ctx):
+            calls.append({"weights": {k: v.clone() for k, v in trainable_state_dict(holder["model"]).items()},
+                          "batch": batch, "ref": ref.detach().clone()})
+            return real_loss(pol, ref, batch, mb, examples, ctx)
+
+        recipe.loss = loss
+        return recipe
+
+    monkeypatch.setattr(train_mod, "load_policy", load_policy)
+    monkeypatch.setattr(train_mod, "make_recipe", make_recipe)
+    return calls, holder
+
+
+@pytest.mark.parametrize("variant, table", [
+    # step -> the step whose forward-pass weights the reference must hold; rounds are 1-3, 4-6
+    ("online", {1: 1, 2: 1, 3: 1, 4: 4, 5: 4, 6: 4}),            # the policy at the round's start
+    ("online+humanline", {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 5}),  # + humanline k=1 inside rounds
+])
+def test_online_reference_is_round_start_then_humanline(monkeypatch, tmp_path, prompt_file, reward_model_dir,
+                                                        variant, table):
+    calls, holder = _recording(monkeypatch)
+    spec = online_spec(prompt_file, reward_model_dir, variant=variant, max_steps=6,
+                       online={"num_samples": 4, "max_new_tokens": 10, "sample_every": 3, "engine": "hf",
+                               "rewards": [{"name": "reward_model", "options": {"path": str(reward_model_dir)}}]},
+                       optim={"lr": 1e-2, "warmup_ratio": 0.0})
+    train_mod.train(spec, tmp_path, progress=False)
+    probe = holder["model"]
+    for t, src in table.items():
+        load_trainable_state_dict(probe, calls[src - 1]["weights"])
+        with torch.no_grad():
+            expected = token_logps(probe.eval(), calls[t - 1]["batch"])
+        assert torch.allclose(calls[t - 1]["ref"], expected, atol=1e-5), (variant, t, src)
+
+
+def test_online_resume_mid_round_is_bitwise_identical(tmp_path, prompt_file, reward_model_dir):
+    spec = online_spec(prompt_file, reward_model_dir, objective="grpo", variant="online+humanline",
+                       max_steps=4, checkpoint_every=1)
+    train_mod.train(spec, tmp_path / "full", progress=False)
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "STOP").touch()
+    assert train_mod.train(spec, part, progress=False).step == 1  # stops inside round 0
+    (part / "STOP").unlink()
+    assert train_mod.train(spec, part, resume=True, progress=False).step == 4
+    a = load_file(tmp_path / "full" / "checkpoints" / "step-4" / "weights.safetensors")
+    b = load_file(part / "checkpoints" / "step-4" / "weights.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_online_spec_validation():
+    with pytest.raises(ValueError, match="max_steps"):
+        JobSpec.model_validate({"base_model": "tiny-llama", "training_file": "x", "objective": "dpo", "variant": "online"})
+    with pytest.raises(ValueError, match="unknown reward"):
+        JobSpec.model_validate({"base_model": "tiny-llama", "training_file": "x", "objective": "dpo", "variant": "online",
+                                "max_steps": 2, "online": {"rewards": [{"name": "exec_python"}]}})
+    with pytest.raises(ValueError, match="data_source 'online'"):
+        JobSpec.model_validate({"base_model": "tiny-llama", "training_file": "x", "objective": "dpo",
+                                "online": {"sample_every": 2}})
