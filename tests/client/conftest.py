@@ -78,8 +78,9 @@ class FaultInjector:
     `seen[token]` keeps the headers of every request that carried the token.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, store: PresigningStore) -> None:
         self.app = app
+        self.store = store
         self.plans: dict[str, list] = {}
         self.seen: dict[str, list[dict[str, str]]] = defaultdict(list)
         self.lock = threading.Lock()
@@ -93,6 +94,8 @@ class FaultInjector:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        if scope["path"].startswith(OBJECTS):  # the "object store" a presigned URL points to
+            return await self.store.serve(scope, headers, send)
         token = headers.get("x-test-fault")
         if token is None or token not in self.plans:
             return await self.app(scope, receive, send)
@@ -155,6 +158,45 @@ class FaultInjector:
             await self.app(scope, receive, counting)
         except Cut:
             pass
+
+
+OBJECTS = "/__objects/"
+
+
+class PresigningStore:
+    """The local store, except that checkpoints of the jobs in `presign_jobs` get presigned
+    URLs (as on S3: the API answers 307) served by the test server under /__objects/ (see
+    FaultInjector), which records the headers each object request came with."""
+
+    def __init__(self, inner: Any, base_url: str) -> None:
+        self.inner = inner
+        self.base_url = base_url
+        self.presign_jobs: set[str] = set()
+        self.object_requests: list[dict[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def presigned_url(self, key: str, expires: int = 3600) -> str | None:
+        if any(f"/{job}/" in key for job in self.presign_jobs):
+            return f"{self.base_url}{OBJECTS}{key}?X-Amz-Signature=test"
+        return self.inner.presigned_url(key, expires)
+
+    async def serve(self, scope, headers: dict[str, str], send) -> None:
+        self.object_requests.append(headers)
+        key = scope["path"][len(OBJECTS) :]
+        try:
+            body, status = self.inner.get_bytes(key), 200
+        except FileNotFoundError:
+            body, status = b"<Error><Code>NoSuchKey</Code></Error>", 404
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
 
 async def _discard(message) -> None:
@@ -233,12 +275,12 @@ def serve(root: Path, settings_class: type[Settings] = Settings, **overrides: An
     engine = make_engine(settings.DATABASE_URL)
     Base.metadata.create_all(engine)
     sessions = make_session_factory(engine)
-    store = open_store(settings.STORAGE_URL)
-    queue = HookQueue()
-    app = create_app(settings, store=store, queue=queue, session_factory=sessions)
-    faults = FaultInjector(app)
     sock = _free_socket()
     port = sock.getsockname()[1]
+    store = PresigningStore(open_store(settings.STORAGE_URL), f"http://127.0.0.1:{port}")
+    queue = HookQueue()
+    app = create_app(settings, store=store, queue=queue, session_factory=sessions)
+    faults = FaultInjector(app, store)
     config = uvicorn.Config(
         faults, log_level="critical", lifespan="off", timeout_graceful_shutdown=1
     )

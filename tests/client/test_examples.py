@@ -16,7 +16,9 @@ from .conftest import ROOT, serve
 EXAMPLES = ROOT / "examples"
 
 
-def run_example(server, key: str, name: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+def run_example(
+    server, key: str, name: str, *args: str, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess:
     environ = {
         **os.environ,
         "HUMANLINE_BASE_URL": server.url,
@@ -29,7 +31,7 @@ def run_example(server, key: str, name: str, *args: str, **env: str) -> subproce
         env=environ,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -78,12 +80,13 @@ def real_worker_server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("embedded")
     with serve(root, WorkerSettings, WORKER_DIR=str(root / "work"), MAX_JOBS_PER_TEAM=10) as srv:
-        handle = embedded.start(srv.settings)
+        embedded.stop(timeout=30)  # one embedded worker per process: not one left by others
+        embedded.start(srv.settings)
         srv.queue.handler = embedded.enqueue
         try:
             yield srv
         finally:
-            handle.stop(timeout=30)
+            embedded.stop(timeout=30)
 
 
 @pytest.mark.slow

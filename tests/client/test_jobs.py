@@ -282,3 +282,24 @@ def test_models_tolerate_what_a_newer_server_adds():
     assert Job.model_validate({"id": "job-2", "status": "succeeded"}).is_terminal
     event = JobEvent.model_validate({"seq": 1, "kind": "reward_model", "extra": [1]})
     assert event.kind == "reward_model" and event.extra == [1]
+
+
+def test_presigned_checkpoint_redirect_is_followed_without_the_api_key(
+    server, client, train_file, driver, tmp_path
+):
+    """On S3 the API answers 307 to a presigned URL; the SDK follows it without sending the
+    Authorization header to the object store."""
+    job = create(client, train_file)
+    driver.start(job.id)
+    driver.checkpoint(job.id, 1, {"weights.safetensors": b"presigned-bytes"})
+    server.store.presign_jobs.add(job.id)
+    before = len(server.store.object_requests)
+    assert client.jobs.download_checkpoint(job.id, step=1, file="weights.safetensors") == (
+        b"presigned-bytes"
+    )
+    dest = client.jobs.download_checkpoint(
+        job.id, step=1, file="weights.safetensors", to=tmp_path / "w.safetensors"
+    )
+    assert dest.read_bytes() == b"presigned-bytes"
+    seen = server.store.object_requests[before:]
+    assert len(seen) == 2 and all("authorization" not in h for h in seen)
