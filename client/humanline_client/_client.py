@@ -80,7 +80,7 @@ class Client(SyncAPIClient):
 
 
 class AsyncClient(AsyncAPIClient):
-    """The Humanline API for asyncio (and trio): `async with AsyncClient() as client:`;
+    """The Humanline API for asyncio: `async with AsyncClient() as client:`;
     the same resources as Client, with awaitable methods and `async for` listings."""
 
     files: AsyncFiles
