@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         description="Comma-separated base_model values jobs submitted over HTTP may name "
         "(operators add mounted model directories here; users can never name a path).",
     )
+    ALLOWED_REWARD_MODELS: str = Field(
+        "",
+        description="Comma-separated reward-model directories online jobs may name "
+        "(mounted on the workers; users can never name another path).",
+    )
     MAX_JOB_ATTEMPTS: int = Field(
         5, ge=1, description="A job whose worker is lost this many times fails (reaper)."
     )
@@ -84,6 +89,10 @@ class Settings(BaseSettings):
     @property
     def allowed_base_models(self) -> tuple[str, ...]:
         return tuple(m.strip() for m in self.ALLOWED_BASE_MODELS.split(",") if m.strip())
+
+    @property
+    def allowed_reward_models(self) -> tuple[str, ...]:
+        return tuple(m.strip() for m in self.ALLOWED_REWARD_MODELS.split(",") if m.strip())
 
     def storage_options(self) -> dict[str, Any]:
         """Keyword arguments for storage.open_store (S3 only; ignored by the local store)."""

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(add_completion=False, help="Run Humanline training jobs without the service.")
+# Plain tracebacks: the worker reports the last stderr line as the job's error message.
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                  help="Run Humanline training jobs without the service.")
 
 
 @app.command()

@@ -110,13 +110,13 @@ class Trainer:
         fmt, records = read_jsonl(spec.training_file)
         acc = self.accelerator
         if spec.data_source == "online":
-            if "prompt" not in records[0]:
-                raise ValueError(f"online jobs sample from prompts; {fmt} records have none")
+            if fmt not in spec.training_formats:
+                raise ValueError(f"online jobs sample from prompt files, got {fmt}")
             self.total = spec.max_steps  # type: ignore[assignment]  (required for online)
             self.log.event("data", f"{len(records)} prompts ({fmt}) for online sampling")
             return OnlineData(spec, self.recipe, self.chat, records, acc, self.total)
-        if fmt not in self.recipe.accepts:
-            raise ValueError(f"{spec.objective.name} trains on {' or '.join(self.recipe.accepts)} data, got {fmt}")
+        if fmt not in spec.training_formats:
+            raise ValueError(f"{spec.objective.name} trains on {' or '.join(spec.training_formats)} data, got {fmt}")
         examples = self.recipe.build(fmt, records, self.chat)
         report = self.chat.report.as_dict()
         self.log.event("data", f"{len(examples)} training examples from {len(records)} {fmt} records", **report)

@@ -48,12 +48,8 @@ SSE_BATCH = 500
 
 
 def accepted_formats(spec: JobSpec) -> tuple[str, ...]:
-    """Training-file formats an objective can learn from (the one place this is decided)."""
-    if spec.data_source == "online":
-        return ("prompt",)
-    return {"dpo": ("preference",), "grpo": ("preference",), "kto": ("preference", "unpaired")}[
-        spec.objective.name
-    ]
+    """Training-file formats the job can learn from (decided by the spec)."""
+    return spec.training_formats
 
 
 def get_owned_job(
@@ -87,6 +83,18 @@ def _check_metadata(metadata: dict[str, str], limit: int) -> None:
                 422,
                 f"metadata values are at most {MAX_META_VALUE} characters",
                 field=f"metadata.{key}",
+            )
+
+
+def _check_reward_models(spec: JobSpec, allowed: tuple[str, ...]) -> None:
+    """Reward-model checkpoints live on the workers: users name one an operator allowed."""
+    for i, reward in enumerate(spec.online.rewards if spec.online else []):
+        path = reward.options.get("path")
+        if reward.name == "reward_model" and path not in allowed:
+            raise api_error(
+                422,
+                f"reward model {path!r} is not allowed; one of: {', '.join(allowed) or '(none configured)'}",
+                field=f"online.rewards.{i}.options.path",
             )
 
 
@@ -137,12 +145,14 @@ def create_job(
             field="base_model",
         )
     _check_metadata(spec.metadata, settings.MAX_METADATA_KEYS)
+    _check_reward_models(spec, settings.allowed_reward_models)
     training_file = _training_file(session, team.id, spec)
     if job_states.active_job_count(session, team.id) >= settings.MAX_JOBS_PER_TEAM:
         raise api_error(
             429,
             f"at most {settings.MAX_JOBS_PER_TEAM} active jobs per team; "
             "wait for one to finish or cancel one",
+            headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
         )
     job = job_states.create_job(
         session,

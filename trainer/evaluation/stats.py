@@ -169,7 +169,7 @@ def length_controlled_win_rate(
     len_model: Sequence[float] | np.ndarray,
     len_ref: Sequence[float] | np.ndarray,
     *,
-    l2: float = 1.0,
+    l2: float = 0.1,
     extra: np.ndarray | None = None,
 ) -> LengthControlledFit:
     """Fit the length-controlled GLM on (n_items, n_orders) judgements; see the module doc.

@@ -28,7 +28,6 @@ class LossContext:
 
 
 class Recipe(Protocol):
-    accepts: ClassVar[tuple[str, ...]]
     token_level: ClassVar[bool]  # loss is a mean over the whole batch's tokens (DAPO)
     examples_per_prompt: ClassVar[int]  # online: examples one kept prompt yields
 

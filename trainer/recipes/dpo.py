@@ -11,7 +11,6 @@ from trainer.spec.job import DPOConfig, JobSpec
 
 
 class DPORecipe:
-    accepts: ClassVar[tuple[str, ...]] = ("preference",)
     token_level: ClassVar[bool] = False
     examples_per_prompt: ClassVar[int] = 1
 

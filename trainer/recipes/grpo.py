@@ -22,7 +22,6 @@ class GRPOGroup:
 
 
 class GRPORecipe:
-    accepts: ClassVar[tuple[str, ...]] = ("preference",)
     token_level: ClassVar[bool] = True
     examples_per_prompt: ClassVar[int] = 1
 

@@ -25,7 +25,6 @@ class Unpaired:
 
 
 class KTORecipe:
-    accepts: ClassVar[tuple[str, ...]] = ("preference", "unpaired")
     token_level: ClassVar[bool] = False
     examples_per_prompt: ClassVar[int] = 2
 

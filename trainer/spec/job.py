@@ -31,6 +31,7 @@ class DPOConfig(_Strict):
     name: Literal["dpo"] = "dpo"
     beta: float = Field(0.1, gt=0, examples=[0.1])
     reference_free: bool = Field(False, description="Treat the reference log-probs as zero.")
+    trains_on: ClassVar[tuple[str, ...]] = ("preference",)
     default_lr: ClassVar[float] = 5e-6
     default_batch_size: ClassVar[int] = 32
 
@@ -42,6 +43,7 @@ class KTOConfig(_Strict):
     beta: float = Field(0.25, gt=0)
     lambda_d: float = Field(1.1, gt=0, description="Weight of desirable examples.")
     lambda_u: float = Field(1.0, gt=0, description="Weight of undesirable examples.")
+    trains_on: ClassVar[tuple[str, ...]] = ("preference", "unpaired")
     default_lr: ClassVar[float] = 5e-6
     default_batch_size: ClassVar[int] = 64
 
@@ -54,6 +56,7 @@ class GRPOConfig(_Strict):
     epsilon: float | None = Field(
         None, gt=0, lt=1, description="PPO clip range; default 0.15 online, 0.5 offline."
     )
+    trains_on: ClassVar[tuple[str, ...]] = ("preference",)
     default_lr: ClassVar[float] = 5e-6
     default_batch_size: ClassVar[int] = 64
 
@@ -223,6 +226,11 @@ class JobSpec(_Strict):
         if self.reference_sync is not None:
             return self.reference_sync
         return "humanline" if self.humanline else "none"
+
+    @property
+    def training_formats(self) -> tuple[str, ...]:
+        """Training-file formats this job can learn from (online jobs sample from prompts)."""
+        return ("prompt",) if self.data_source == "online" else self.objective.trains_on
 
     @property
     def lr(self) -> float:
