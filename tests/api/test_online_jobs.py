@@ -1,0 +1,40 @@
+"""Online jobs over HTTP: prompt files, and reward models only from the operator's list."""
+
+from __future__ import annotations
+
+from tests.api.conftest import job_body, jsonl, upload
+
+PROMPTS = jsonl([{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)])
+
+
+def _online(file_id: str, **online) -> dict:
+    return job_body(file_id, variant="online+humanline", objective="grpo", max_steps=4, online=online)
+
+
+def test_online_job_trains_on_a_prompt_file(client, team_a, train_file):
+    prompts = upload(client, team_a, PROMPTS).json()["id"]
+    ok = client.post("/v1/jobs", headers=team_a.headers, json=_online(prompts))
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["spec"]["online"]["rewards"][-1]["name"] == "math_accuracy"  # paper default
+    # a preference file is offline data: an online job refuses it, naming the field
+    bad = client.post("/v1/jobs", headers=team_a.headers, json=_online(train_file))
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "training_file"
+
+
+def test_reward_model_paths_come_from_the_allow_list(client, team_a, settings):
+    prompts = upload(client, team_a, PROMPTS).json()["id"]
+    rm = {"name": "reward_model", "options": {"path": "/etc"}}
+    refused = client.post("/v1/jobs", headers=team_a.headers, json=_online(prompts, rewards=[rm]))
+    assert refused.status_code == 422
+    assert refused.json()["error"]["field"] == "online.rewards.0.options.path"
+    settings.ALLOWED_REWARD_MODELS = "/models/armo-rm"
+    rm["options"]["path"] = "/models/armo-rm"
+    allowed = client.post("/v1/jobs", headers=team_a.headers, json=_online(prompts, rewards=[rm]))
+    assert allowed.status_code == 201, allowed.text
+
+
+def test_unregistered_reward_is_a_422_with_its_field(client, team_a):
+    prompts = upload(client, team_a, PROMPTS).json()["id"]
+    r = client.post("/v1/jobs", headers=team_a.headers, json=_online(prompts, rewards=[{"name": "exec"}]))
+    assert r.status_code == 422
+    assert "unknown reward" in r.text and "online" in r.json()["error"]["field"]
