@@ -54,25 +54,52 @@ def test_missing_training_file_fails_without_starting_the_trainer(local):
     assert job.lease_owner is None and job.finished_at is not None
 
 
-def test_invalid_spec_fails_with_the_trainers_message(local):
-    job_id = local.make_job(max_steps=2, max_length=96, max_prompt_length=48)
-    with local.sessions() as s:  # a spec the API would have refused (extra field)
-        job = s.get(Job, job_id)
-        job.spec = {**job.spec, "not_a_field": 1}
-        s.commit()
-    assert _runner(local).run(job_id) == "failed"
-    error = local.job(job_id).error
-    assert error["type"] == "invalid_spec" and error["exit_code"] == 2
-    assert "not_a_field" in error["stderr_tail"]
+FAKE_TRAINER = """#!/bin/sh
+# argv: -m trainer run SPEC --out RUN_DIR --no-progress
+run="$6"
+printf '{"step": 1, "time": 0, "loss": 0.69}\\n' >> "$run/metrics.jsonl"
+printf '{"time": 0, "kind": "started", "message": "go", "data": {"total_steps": 9}}\\n' \\
+    >> "$run/events.jsonl"
+printf 'Loading: 100%%\\rTraceback (most recent call last):\\n  ...\\n%s\\n' "$MESSAGE" >&2
+exit $CODE
+"""
 
 
-def test_trainer_crash_fails_with_the_stderr_tail(local):
-    job_id = local.make_job(max_steps=2, base_model="no-such-model")
-    assert _runner(local).run(job_id) == "failed"
+def _fake_trainer(local, tmp_path, monkeypatch, code: int, message: str) -> Runner:
+    """The trainer's exit-code protocol without torch: a script in its place."""
+    script = tmp_path / "fake-python"
+    script.write_text(FAKE_TRAINER)
+    script.chmod(0o755)
+    monkeypatch.setenv("CODE", str(code))
+    monkeypatch.setenv("MESSAGE", message)
+    settings = local.settings.model_copy(update={"TRAINER_PYTHON": str(script)})
+    return Runner(settings, local.sessions, local.store)
+
+
+def test_invalid_spec_exit_fails_the_job(local, tmp_path, monkeypatch):
+    job_id = local.make_job(max_steps=9)
+    runner = _fake_trainer(local, tmp_path, monkeypatch, 2, "not_a_field: Extra inputs")
+    assert runner.run(job_id) == "failed"
+    job = local.job(job_id)
+    assert job.error["type"] == "invalid_spec" and job.error["exit_code"] == 2
+    assert job.error["message"] == "the trainer exited with code 2: not_a_field: Extra inputs"
+
+
+def test_trainer_crash_fails_with_the_stderr_tail_after_recording_its_output(
+    local, tmp_path, monkeypatch
+):
+    job_id = local.make_job(max_steps=9)
+    runner = _fake_trainer(local, tmp_path, monkeypatch, 1, "RuntimeError: CUDA out of memory")
+    assert runner.run(job_id) == "failed"
     job = local.job(job_id)
     assert job.error["type"] == "trainer_error" and job.error["exit_code"] == 1
-    assert "no-such-model" in job.error["stderr_tail"]
-    assert job.error["message"].startswith("the trainer exited with code 1: ")
+    assert (
+        job.error["message"] == "the trainer exited with code 1: RuntimeError: CUDA out of memory"
+    )
+    assert "Traceback" in job.error["stderr_tail"]
+    assert metric_steps(local.sessions, job_id) == [1]  # what it wrote before dying is kept
+    assert job.total_steps == 9 and job.result["step"] == 1
+    assert [e.kind for e in local.events(job_id)][-2:] == ["started", "status"]
 
 
 def test_lost_lease_stops_the_trainer_and_writes_nothing(local):
