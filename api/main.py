@@ -14,7 +14,7 @@ from starlette.types import Scope
 from api.deps import JobQueue, default_queue
 from api.errors import RequestTooLarge, install_error_handlers
 from api.observability import Metrics, RequestMiddleware, configure_logging
-from api.routes import files, health, jobs
+from api.routes import evaluations, files, health, jobs, reports
 from models.db import make_engine, make_session_factory
 from models.settings import Settings, get_settings
 from models.tables import JOB_STATUSES, Job
@@ -85,6 +85,8 @@ def create_app(
     install_error_handlers(app)
     app.include_router(files.router, prefix="/v1")
     app.include_router(jobs.router, prefix="/v1")
+    app.include_router(evaluations.router, prefix="/v1")
+    app.include_router(reports.router, prefix="/v1")
     app.include_router(health.router)
     app.add_middleware(
         RequestMiddleware, metrics=metrics, body_limit=body_limit, too_large=RequestTooLarge

@@ -279,8 +279,10 @@ class OpenAIJudge:
             raise _Retryable(
                 f"HTTP {status}: {snippet}", parse_retry_after(headers.get("retry-after"))
             )
-        if status >= 400:
-            self._abort.set()  # a bad key or model fails every judgement the same way
+        if not 200 <= status < 300:
+            # A bad key or model fails every judgement the same way: stop them all. A redirect
+            # is not followed (it would carry the key to another host).
+            self._abort.set()
             raise JudgeError(f"judge {self.url} answered HTTP {status}: {snippet}")
         try:
             doc = httpx.Response(200, content=raw).json()
