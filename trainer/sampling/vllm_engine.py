@@ -16,6 +16,7 @@ serialisation of tensors and no restart:
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import logging
 import os
@@ -34,53 +35,16 @@ from trainer.sampling.types import (
     render_prompt_ids,
     stop_token_ids,
 )
+from trainer.sampling.vllm_params import (
+    completion_from_vllm,
+    dtype_name,
+    hf_weight_items,
+    lora_rank,
+    vllm_lora_rank,
+    vllm_sampling_kwargs,
+)
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def vllm_sampling_kwargs(params: SamplingParams, prompt_index: int, stop_ids: list[int]) -> dict:
-    """Keyword arguments of ``vllm.SamplingParams`` for one prompt (pure: unit-tested).
-
-    Each prompt gets its own seed so prompts do not share one random stream. Greedy decodes one
-    sequence (vLLM, like transformers, wants n = 1 without sampling); the caller repeats it.
-    """
-    greedy = params.greedy
-    return {
-        "n": params.decoded_per_prompt,
-        "temperature": 0.0 if greedy else params.temperature,
-        "top_p": 1.0 if greedy else params.top_p,
-        "max_tokens": params.max_new_tokens,
-        "seed": params.prompt_seed(prompt_index),
-        "stop_token_ids": list(stop_ids),
-        "skip_special_tokens": True,
-    }
-
-
-def completion_from_vllm(prompt_index: int, output: Any, stop_ids: list[int]) -> Completion:
-    """Convert a ``vllm.CompletionOutput``; the stop token is kept in ``token_ids``, as in HF.
-
-    vLLM reports ``finish_reason="stop"`` both for EOS and ``stop_token_ids``, and includes that
-    token in ``token_ids`` (not in ``text``); any other reason (``"abort"``) is kept verbatim.
-    """
-    ids = [int(t) for t in output.token_ids]
-    reason = output.finish_reason or ("stop" if ids and ids[-1] in stop_ids else "length")
-    return Completion(prompt_index, output.text, ids, reason)
-
-
-def hf_weight_items(state: dict[str, torch.Tensor] | nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs under the Hugging Face names vLLM's loader expects.
-
-    A module contributes its parameters and persistent buffers, tied aliases once (vLLM skips a
-    tied ``lm_head`` itself). DDP/FSDP wrappers must be unwrapped by the caller.
-    """
-    if isinstance(state, nn.Module):
-        from trainer.modeling.policy import _aliases
-
-        aliases = _aliases(state)
-        state = {k: v for k, v in state.state_dict().items() if k not in aliases}
-    return [(name, tensor.detach()) for name, tensor in state.items()]
 
 
 def _load_into_model(items: list[tuple[str, torch.Tensor]], model: nn.Module) -> int:
@@ -90,7 +54,13 @@ def _load_into_model(items: list[tuple[str, torch.Tensor]], model: nn.Module) ->
 
 
 class VLLMSampler:
-    """``vllm.LLM`` over the policy's base directory, refreshed in place each round."""
+    """``vllm.LLM`` over the policy's base directory, refreshed in place each round.
+
+    vLLM runs in the policy's parameter dtype unless ``dtype=`` is passed (do pass
+    ``dtype="bfloat16"`` when the trainer keeps fp32 master weights: pushed weights are cast on
+    copy). ``gpu_memory_utilization`` is the share of the GPU vLLM may take, shared with the
+    trainer on the same device. Other keyword arguments go to ``vllm.LLM`` unchanged.
+    """
 
     def __init__(
         self,
@@ -107,19 +77,18 @@ class VLLMSampler:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        if _lora_rank(policy) is None:
-            _warn_if_cpu_tied(model_dir)
-
         self.tokenizer = tokenizer
-        self._stop_ids = stop_token_ids(tokenizer)
-        self._lora_rank = _lora_rank(policy)
+        self._stop_ids = stop_token_ids(tokenizer, _generation_config(model_dir))
+        self._lora_rank = lora_rank(policy)
+        if self._lora_rank is None:
+            _warn_if_cpu_tied(model_dir)
         self._lora_request: Any = None
         self._round = 0
         self._adapter_root = Path(tempfile.mkdtemp(prefix="humanline-vllm-lora-"))
         kwargs: dict[str, Any] = {
             "model": str(model_dir),
             "tokenizer": str(model_dir),
-            "dtype": _dtype_name(policy),
+            "dtype": dtype_name(policy),
             "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "enforce_eager": enforce_eager,
@@ -127,7 +96,9 @@ class VLLMSampler:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if self._lora_rank is not None:
-            kwargs.update(enable_lora=True, max_lora_rank=_vllm_rank(self._lora_rank), max_loras=1)
+            kwargs.update(
+                enable_lora=True, max_lora_rank=vllm_lora_rank(self._lora_rank), max_loras=1
+            )
         kwargs.update(llm_kwargs)
         self.llm = LLM(**kwargs)
         if policy is not None:
@@ -188,7 +159,29 @@ class VLLMSampler:
         shutil.rmtree(stale, ignore_errors=True)
 
     def close(self) -> None:
+        """Shut the engine down and free its memory (its KV cache is reserved up front, so a
+        second engine in the same process would otherwise not fit)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            shutdown = getattr(core, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            del llm
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         shutil.rmtree(self._adapter_root, ignore_errors=True)
+
+
+def _generation_config(model_dir: Path) -> Any:
+    """The model's generation config (its extra EOS ids), as the HF engine sees it."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_dir)
+    except OSError:  # none shipped
+        return None
 
 
 def _has_inplace_reload() -> bool:
@@ -215,23 +208,3 @@ def _warn_if_cpu_tied(model_dir: Path) -> None:
         log.warning(
             "vLLM on CPU with tied embeddings: weight refreshes will not reach the output layer"
         )
-
-
-def _lora_rank(policy: nn.Module | None) -> int | None:
-    config = getattr(policy, "peft_config", None)
-    if not config:
-        return None
-    return max(int(c.r) for c in config.values())
-
-
-def _vllm_rank(rank: int) -> int:
-    """vLLM only accepts a few max ranks; take the smallest allowed one that fits."""
-    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
-        if rank <= allowed:
-            return allowed
-    raise ValueError(f"LoRA rank {rank} is above vLLM's largest supported rank (512)")
-
-
-def _dtype_name(policy: nn.Module | None) -> str:
-    param = next(policy.parameters(), None) if policy is not None else None
-    return _DTYPES.get(param.dtype, "auto") if param is not None else "auto"
