@@ -7,8 +7,11 @@ import time
 
 from sqlalchemy import update
 
+from models.base import utcnow
 from models.tables import Job
-from tests.worker.conftest import metric_steps, trainer_pids, wait_for
+from storage import StorageUnavailableError
+from tests.worker.conftest import checkpoint_steps, metric_steps, trainer_pids, wait_for
+from worker.reaper import reap_and_requeue
 from worker.runner import Runner, stderr_error
 
 
@@ -16,29 +19,127 @@ def _runner(local) -> Runner:
     return Runner(local.settings, local.sessions, local.store)
 
 
-def test_duplicate_delivery_does_not_train_twice(local):
-    job_id = local.make_job(max_steps=8, checkpoint_every=4)
-    first = _runner(local)
+# The trainer's file and exit-code protocol without torch (the real trainer runs in the Celery
+# and embedded tests): STEPS metric lines, SLEEP seconds apart, a STOP file honoured like the
+# trainer does, then MESSAGE on stderr and exit CODE.
+FAKE_TRAINER = """#!/bin/sh
+# argv: -m trainer run SPEC --out RUN_DIR --no-progress
+run="$6"
+printf '{"time": 0, "kind": "started", "message": "go", "data": {"total_steps": %s}}\\n' \\
+    "$STEPS" >> "$run/events.jsonl"
+step=1
+while [ "$step" -le "$STEPS" ]; do
+    printf '{"step": %s, "time": 0, "loss": 0.69}\\n' "$step" >> "$run/metrics.jsonl"
+    if [ -n "$CHECKPOINT" ]; then  # written aside, then renamed: complete when visible
+        mkdir -p "$run/checkpoints/step-$step.tmp"
+        printf '{"step": %s, "world_size": 1}' "$step" > "$run/checkpoints/step-$step.tmp/state.json"
+        mv "$run/checkpoints/step-$step.tmp" "$run/checkpoints/step-$step"
+    fi
+    [ -e "$run/STOP" ] && exit 3
+    sleep "$SLEEP"
+    step=$((step + 1))
+done
+printf 'Loading: 100%%\\rTraceback (most recent call last):\\n  ...\\n%s\\n' "$MESSAGE" >&2
+exit $CODE
+"""
+
+
+def _fake(
+    local, tmp_path, monkeypatch, *, code=0, message="", steps=1, sleep=0.0, checkpoint="",
+    store=None,
+) -> Runner:  # fmt: skip
+    script = tmp_path / "fake-python"
+    script.write_text(FAKE_TRAINER)
+    script.chmod(0o755)
+    env = {
+        "CODE": code,
+        "MESSAGE": message,
+        "STEPS": steps,
+        "SLEEP": sleep,
+        "CHECKPOINT": checkpoint,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(value))
+    settings = local.settings.model_copy(update={"TRAINER_PYTHON": str(script)})
+    return Runner(settings, local.sessions, store or local.store)
+
+
+def test_duplicate_delivery_does_not_train_twice(local, tmp_path, monkeypatch):
+    job_id = local.make_job(max_steps=8)
+    first = _fake(local, tmp_path, monkeypatch, steps=8, sleep=0.2)
     outcome: list = []
     thread = threading.Thread(target=lambda: outcome.append(first.run(job_id)))
     thread.start()
     try:
-        wait_for(lambda: metric_steps(local.sessions, job_id), 60, what="training")
+        wait_for(lambda: metric_steps(local.sessions, job_id), 30, what="training")
         t0 = time.monotonic()
-        assert _runner(local).run(job_id) is None  # leased by the first: not claimable
+        assert first.run(job_id) is None  # leased by the first attempt: not claimable
         assert time.monotonic() - t0 < 1
     finally:
-        thread.join(120)
+        thread.join(60)
     assert outcome == ["succeeded"]
-    assert _runner(local).run(job_id) is None  # finished: not claimable either
+    assert first.run(job_id) is None  # finished: not claimable either
     job = local.job(job_id)
     assert job.status == "succeeded" and job.attempt == 1
-    kinds = [e.kind for e in local.events(job_id)]
-    assert kinds.count("started") == 1
-    assert (
-        sum(1 for e in local.events(job_id) if e.kind == "status" and e.data["to"] == "running")
-        == 1
-    )
+    assert metric_steps(local.sessions, job_id) == list(range(1, 9))
+    history = local.events(job_id)
+    assert [e.kind for e in history].count("started") == 1
+    assert [e.data["to"] for e in history if e.kind == "status"] == [
+        "queued", "running", "succeeded",
+    ]  # fmt: skip
+
+
+def test_lost_lease_stops_the_trainer_and_writes_nothing(local, tmp_path, monkeypatch):
+    job_id = local.make_job(max_steps=200)
+    runner = _fake(local, tmp_path, monkeypatch, steps=1000, sleep=0.05)
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(runner.run(job_id)))
+    thread.start()
+    try:
+        wait_for(lambda: metric_steps(local.sessions, job_id), 30, what="training")
+        with local.sessions() as s:  # another worker reclaimed the job
+            s.execute(update(Job).where(Job.id == job_id).values(lease_owner="someone-else"))
+            s.commit()
+        seen = len(local.events(job_id)), len(metric_steps(local.sessions, job_id))
+    finally:
+        thread.join(30)
+    assert outcome == ["lost"]
+    job = local.job(job_id)
+    assert job.status == "running" and job.lease_owner == "someone-else"
+    # Nothing written after the takeover: the fenced transaction was rolled back.
+    assert (len(local.events(job_id)), len(metric_steps(local.sessions, job_id))) == seen
+    assert trainer_pids(job_id) == []
+
+
+def test_invalid_spec_exit_fails_the_job(local, tmp_path, monkeypatch):
+    job_id = local.make_job(max_steps=1)
+    runner = _fake(local, tmp_path, monkeypatch, code=2, message="not_a_field: Extra inputs")
+    assert runner.run(job_id) == "failed"
+    job = local.job(job_id)
+    assert job.error["type"] == "invalid_spec" and job.error["exit_code"] == 2
+    assert job.error["message"] == "the trainer exited with code 2: not_a_field: Extra inputs"
+
+
+def test_trainer_crash_fails_with_the_stderr_tail_after_recording_its_output(
+    local, tmp_path, monkeypatch
+):
+    job_id = local.make_job(max_steps=3)
+    message = "RuntimeError: CUDA out of memory"
+    runner = _fake(local, tmp_path, monkeypatch, code=1, message=message, steps=3)
+    assert runner.run(job_id) == "failed"
+    job = local.job(job_id)
+    assert job.error["type"] == "trainer_error" and job.error["exit_code"] == 1
+    assert job.error["message"] == f"the trainer exited with code 1: {message}"
+    assert "Traceback" in job.error["stderr_tail"]
+    assert metric_steps(local.sessions, job_id) == [1, 2, 3]  # what it wrote is kept
+    assert job.total_steps == 3 and job.result["step"] == 3
+
+
+def test_a_stop_nobody_asked_for_is_a_failure(local, tmp_path, monkeypatch):
+    job_id = local.make_job(max_steps=3)
+    runner = _fake(local, tmp_path, monkeypatch, code=3, steps=1)
+    assert runner.run(job_id) == "failed"
+    assert local.job(job_id).error["message"] == "the trainer stopped without being asked to"
 
 
 def test_missing_training_file_fails_without_starting_the_trainer(local):
@@ -52,74 +153,6 @@ def test_missing_training_file_fails_without_starting_the_trainer(local):
     job = local.job(job_id)
     assert job.error["type"] == "missing_file"
     assert job.lease_owner is None and job.finished_at is not None
-
-
-FAKE_TRAINER = """#!/bin/sh
-# argv: -m trainer run SPEC --out RUN_DIR --no-progress
-run="$6"
-printf '{"step": 1, "time": 0, "loss": 0.69}\\n' >> "$run/metrics.jsonl"
-printf '{"time": 0, "kind": "started", "message": "go", "data": {"total_steps": 9}}\\n' \\
-    >> "$run/events.jsonl"
-printf 'Loading: 100%%\\rTraceback (most recent call last):\\n  ...\\n%s\\n' "$MESSAGE" >&2
-exit $CODE
-"""
-
-
-def _fake_trainer(local, tmp_path, monkeypatch, code: int, message: str) -> Runner:
-    """The trainer's exit-code protocol without torch: a script in its place."""
-    script = tmp_path / "fake-python"
-    script.write_text(FAKE_TRAINER)
-    script.chmod(0o755)
-    monkeypatch.setenv("CODE", str(code))
-    monkeypatch.setenv("MESSAGE", message)
-    settings = local.settings.model_copy(update={"TRAINER_PYTHON": str(script)})
-    return Runner(settings, local.sessions, local.store)
-
-
-def test_invalid_spec_exit_fails_the_job(local, tmp_path, monkeypatch):
-    job_id = local.make_job(max_steps=9)
-    runner = _fake_trainer(local, tmp_path, monkeypatch, 2, "not_a_field: Extra inputs")
-    assert runner.run(job_id) == "failed"
-    job = local.job(job_id)
-    assert job.error["type"] == "invalid_spec" and job.error["exit_code"] == 2
-    assert job.error["message"] == "the trainer exited with code 2: not_a_field: Extra inputs"
-
-
-def test_trainer_crash_fails_with_the_stderr_tail_after_recording_its_output(
-    local, tmp_path, monkeypatch
-):
-    job_id = local.make_job(max_steps=9)
-    runner = _fake_trainer(local, tmp_path, monkeypatch, 1, "RuntimeError: CUDA out of memory")
-    assert runner.run(job_id) == "failed"
-    job = local.job(job_id)
-    assert job.error["type"] == "trainer_error" and job.error["exit_code"] == 1
-    assert (
-        job.error["message"] == "the trainer exited with code 1: RuntimeError: CUDA out of memory"
-    )
-    assert "Traceback" in job.error["stderr_tail"]
-    assert metric_steps(local.sessions, job_id) == [1]  # what it wrote before dying is kept
-    assert job.total_steps == 9 and job.result["step"] == 1
-    assert [e.kind for e in local.events(job_id)][-2:] == ["started", "status"]
-
-
-def test_lost_lease_stops_the_trainer_and_writes_nothing(local):
-    job_id = local.make_job(max_steps=200, checkpoint_every=0)
-    outcome: list = []
-    thread = threading.Thread(target=lambda: outcome.append(_runner(local).run(job_id)))
-    thread.start()
-    try:
-        wait_for(lambda: metric_steps(local.sessions, job_id), 60, what="training")
-        with local.sessions() as s:  # another worker reclaimed the job
-            s.execute(update(Job).where(Job.id == job_id).values(lease_owner="someone-else"))
-            s.commit()
-        seen = len(local.events(job_id))
-    finally:
-        thread.join(30)
-    assert outcome == ["lost"]
-    job = local.job(job_id)
-    assert job.status == "running" and job.lease_owner == "someone-else"
-    assert len(local.events(job_id)) == seen  # nothing written after the takeover
-    assert trainer_pids(job_id) == []
 
 
 def test_stderr_error_takes_the_last_line():
@@ -140,3 +173,38 @@ def test_a_job_asking_for_more_gpus_than_it_can_place_fails(local):
     assert _runner(local).run(job_id) == "failed"
     error = local.job(job_id).error
     assert error["type"] == "placement_error" and "set WORKER_GPUS" in error["message"]
+
+
+class FlakyStore:
+    """The local store, but checkpoint uploads fail (S3 down)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def upload_dir(self, prefix, local_dir):
+        raise StorageUnavailableError("S3 is down")
+
+
+def test_a_store_outage_is_not_reported_as_done(local, tmp_path, monkeypatch):
+    """Checkpoints that cannot be uploaded: the job is neither succeeded nor failed; the lease
+    lapses and the reaper requeues it (it resumes from what is durable)."""
+    monkeypatch.setattr("worker.runner.time.sleep", lambda _: None)  # upload retry back-off
+    job_id = local.make_job(max_steps=2)
+    store = FlakyStore(local.store)
+    runner = _fake(local, tmp_path, monkeypatch, steps=2, checkpoint="1", store=store)
+    assert runner.run(job_id) == "abandoned"
+    job = local.job(job_id)
+    assert job.status == "running" and job.finished_at is None and job.result is None
+    assert checkpoint_steps(local.sessions, job_id) == []
+    assert metric_steps(local.sessions, job_id) == [1, 2]
+    assert "S3 is down" in local.events(job_id)[-1].message
+
+    with local.sessions() as s:  # the lease runs out
+        s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow()))
+        s.commit()
+    sent: list[str] = []
+    reap_and_requeue(local.sessions, sent.append, max_attempts=5, stale_queued_seconds=None)
+    assert sent == [job_id] and local.job(job_id).status == "queued"
