@@ -113,8 +113,11 @@ class Trainer:
             if fmt not in spec.training_formats:
                 raise ValueError(f"online jobs sample from prompt files, got {fmt}")
             self.total = spec.max_steps  # type: ignore[assignment]  (required for online)
-            self.log.event("data", f"{len(records)} prompts ({fmt}) for online sampling")
-            return OnlineData(spec, self.recipe, self.chat, records, acc, self.total)
+            data = OnlineData(spec, self.recipe, self.chat, records, acc, self.total)
+            self.log.event("data", f"{len(data.records)} prompts ({fmt}) for online sampling", skipped=data.skipped)
+            if data.skipped:
+                self.log.event("warning", f"{data.skipped} prompts longer than max_prompt_length are not sampled")
+            return data
         if fmt not in spec.training_formats:
             raise ValueError(f"{spec.objective.name} trains on {' or '.join(spec.training_formats)} data, got {fmt}")
         examples = self.recipe.build(fmt, records, self.chat)
@@ -243,6 +246,7 @@ class Trainer:
                 log.event("stopped", f"stopped at step {step} on request", step=step)
                 break
         bar.close()
+        self.data.close()
 
         final_dir = None
         if status == "succeeded":

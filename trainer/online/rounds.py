@@ -47,6 +47,9 @@ class OfflineData:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class Round:
@@ -60,7 +63,13 @@ class Round:
 class OnlineData:
     def __init__(self, spec: JobSpec, recipe, chat, records: Sequence[dict], accelerator, total: int):
         self.spec, self.cfg, self.recipe, self.chat = spec, spec.online, recipe, chat
-        self.records, self.acc, self.total = list(records), accelerator, total
+        self.acc, self.total = accelerator, total
+        # The sampler sees the whole prompt, training its tokens cut to max_prompt_length: a
+        # prompt that does not fit would be trained on a context it was not sampled from.
+        self.records = [r for r in records if len(chat.prompt(r["prompt"])[1]) < spec.max_prompt_length]
+        self.skipped = len(records) - len(self.records)
+        if not self.records:
+            raise ValueError(f"no prompt fits max_prompt_length={spec.max_prompt_length} tokens")
         self.reward = combine(self.cfg.rewards)
         self.sampler = None
         self.cursor = 0  # prompts consumed so far (over seeded epochs of the prompt file)
@@ -165,6 +174,12 @@ class OnlineData:
         gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
         self.cursor += 1
         return self.records[int(torch.randperm(n, generator=gen)[pos])]
+
+    def close(self) -> None:
+        """Stop the reward sources' helpers (the verifier's child process) and the engine."""
+        self.reward.close()
+        if self.sampler is not None and hasattr(self.sampler, "close"):
+            self.sampler.close()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
