@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,11 @@ def load_model(
                 raise ValueError(f"{path} is a peft adapter but no base model is known")
             base_dir = resolve_model(str(base))
             base_model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=_dtype(dev))
-            model = PeftModel.from_pretrained(base_model, path).merge_and_unload()
+            with warnings.catch_warnings():  # peft 0.21 probes a property transformers 5 deprecated
+                warnings.filterwarnings(
+                    "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+                )
+                model = PeftModel.from_pretrained(base_model, path).merge_and_unload()
             tok_dir = path if (path / "tokenizer_config.json").is_file() else base_dir
             tokenizer = load_tokenizer(tok_dir)
             model_dir = base_dir

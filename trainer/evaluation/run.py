@@ -94,11 +94,6 @@ def load_records(config: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str
 
 def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None) -> dict[str, Any]:
     """Run the evaluation a config describes; returns the result document (also written)."""
-    from trainer.evaluation.generation import Generator
-    from trainer.evaluation.instruction import evaluate_instructions
-    from trainer.evaluation.math import DEFAULT_PROMPT, evaluate_math
-    from trainer.report import code_version, render_evaluation_html
-
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     records, data_info = load_records(config)
@@ -117,6 +112,12 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
         if hasattr(judge, "chat") and config.get("preflight", True):
             # Fail in seconds, not after an hour of generation, when the judge is unreachable.
             judge.chat([{"role": "user", "content": "Reply with the letter A."}], max_tokens=1)
+    # torch, the model and matplotlib load only now: a bad judge fails in a second or two.
+    from trainer.evaluation.generation import Generator
+    from trainer.evaluation.instruction import evaluate_instructions
+    from trainer.evaluation.math import DEFAULT_PROMPT, evaluate_math
+    from trainer.report import code_version, render_evaluation_html
+
     generator = Generator.from_source(
         config["model"],
         device=config.get("device"),

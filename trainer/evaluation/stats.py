@@ -229,6 +229,8 @@ def length_controlled_win_rate(
 def pass_at_1(correct: Sequence[Sequence[bool | float]] | np.ndarray) -> Estimate:
     """Mean over problems of the fraction of correct samples, ± SE over problems. Rows may
     have different numbers of samples."""
+    if isinstance(correct, np.ndarray) and correct.ndim == 2:
+        return mean_se(correct.astype(float).mean(axis=1))
     per_problem = [float(np.mean(np.asarray(row, dtype=float))) for row in correct if len(row)]
     return mean_se(per_problem)
 

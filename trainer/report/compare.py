@@ -146,7 +146,7 @@ def _best(rows: list[dict[str, Any]], objective: str, variant: str) -> dict[str,
 def render_comparison_html(doc: dict[str, Any]) -> str:
     metric = doc["metric"]
     label, percent = METRICS[metric]
-    rows = doc["rows"]
+    rows = [{**r, "objective": r["objective"] or "unknown"} for r in doc["rows"]]
     objectives = [o for o in OBJECTIVES if any(r["objective"] == o for r in rows)]
     objectives += sorted(
         {r["objective"] for r in rows if r["objective"] and r["objective"] not in objectives}
@@ -156,7 +156,8 @@ def render_comparison_html(doc: dict[str, Any]) -> str:
     series = []
     for v in variants:
         depth = max(
-            sum(1 for r in rows if r["variant"] == v and r["objective"] == o) for o in objectives
+            (sum(1 for r in rows if r["variant"] == v and r["objective"] == o) for o in objectives),
+            default=0,
         )
         for k in range(depth):
             values, errors = [], []

@@ -66,10 +66,9 @@ def phases(events: list[dict[str, Any]], start: Any = None, end: Any = None) -> 
     """Wall-clock per phase from the event history: queued (waiting for a worker), setup
     (model, data and the data-quality pass), training, finalize (export and uploads). A job
     that was requeued spends time in a phase more than once; the times add up."""
-    timed = (
-        sorted((t, e) for e in events if (t := to_epoch(e.get("time"))) is not None)
-        if events
-        else []
+    timed = sorted(  # stable: events of the same instant keep their (seq) order
+        ((t, e) for e in events if (t := to_epoch(e.get("time"))) is not None),
+        key=lambda te: te[0],
     )
     t0 = to_epoch(start)
     has_status = any(e.get("kind") == "status" for _, e in timed)

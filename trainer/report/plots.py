@@ -173,11 +173,11 @@ def grouped_bars(
         vals = [v * k for v in _finite(values)]
         errs = [e * k for e in _finite(errors)]
         ax.bar(xs, vals, width=width * 0.95, yerr=errs, color=color, label=label, capsize=3)
-        for x, v in zip(xs, vals):
+        for x, v, e in zip(xs, vals, errs):
             if math.isfinite(v):
                 ax.annotate(
                     f"{v:.1f}" if percent else f"{v:.3g}",
-                    (x, v),
+                    (x, v + (e if math.isfinite(e) else 0.0)),  # above the error bar
                     textcoords="offset points",
                     xytext=(0, 3),
                     ha="center",
