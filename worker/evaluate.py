@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -165,6 +165,30 @@ def claim(
         ).rowcount
         s.commit()
     return now if n == 1 else None
+
+
+def stale_evaluations(
+    sessions: sessionmaker[Session], *, queued_seconds: float, running_seconds: float
+) -> list[str]:
+    """Ids to send again (for the reaper sweep): queued longer than `queued_seconds` (a lost
+    broker message) or running without a heartbeat for `running_seconds` (a dead worker).
+    Sending a live one twice is harmless: `claim` lets one delivery win."""
+    now = utcnow()
+    with sessions() as s:
+        return list(
+            s.execute(
+                select(Evaluation.id)
+                .where(
+                    or_(
+                        (Evaluation.status == "queued")
+                        & (Evaluation.updated_at < now - timedelta(seconds=queued_seconds)),
+                        (Evaluation.status == "running")
+                        & (Evaluation.updated_at < now - timedelta(seconds=running_seconds)),
+                    )
+                )
+                .order_by(Evaluation.id)
+            ).scalars()
+        )
 
 
 # --- prepare -------------------------------------------------------------------------------------
@@ -415,6 +439,8 @@ def run_evaluation(
         store.put_file(json_key, work / "out" / "result.json")
         store.put_file(html_key, work / "out" / "report.html")
         summary = {k: doc[k] for k in SUMMARY_KEYS if k in doc}
+        if isinstance(summary.get("data"), dict):  # the worker's scratch path means nothing
+            summary["data"] = {k: v for k, v in summary["data"].items() if k != "path"}
         summary["report"] = {"json": json_key, "html": html_key}
         row.write(status="succeeded", result=summary, error=None, finished_at=utcnow())
         log.info("evaluation %s: succeeded", evaluation_id)

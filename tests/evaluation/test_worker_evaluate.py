@@ -19,7 +19,7 @@ from models.teams import create_team
 from storage import open_store
 from storage.keys import checkpoint_prefix, file_key, job_prefix
 from worker.config import WorkerSettings
-from worker.evaluate import Lost, _prepare, _Row, claim, run_evaluation
+from worker.evaluate import Lost, _prepare, _Row, claim, run_evaluation, stale_evaluations
 
 REPO = Path(__file__).resolve().parents[2]
 MATH = (REPO / "examples" / "data" / "math_eval_small.jsonl").read_bytes()
@@ -276,8 +276,10 @@ def test_claim_takes_queued_and_stale_rows_only(db_sessions):
         )
         s.execute(update(Evaluation).where(Evaluation.id == ids[2]).values(status="succeeded"))
         s.commit()
+    assert stale_evaluations(db_sessions, queued_seconds=3600, running_seconds=60) == [ids[1]]
     assert claim(db_sessions, ids[1], stale_seconds=60) is not None
     assert claim(db_sessions, ids[2], stale_seconds=60) is None
+    assert stale_evaluations(db_sessions, queued_seconds=3600, running_seconds=60) == []
 
 
 def test_the_fence_stops_a_zombie_attempt(db_sessions):
