@@ -461,3 +461,11 @@ def test_comparison_of_jobs_without_objective_or_evaluations():
     )
     html = render_comparison_html(doc)
     assert "j1" in html and "j2" in html and doc["tests"] == []
+
+
+def test_instruction_page_warns_about_a_position_biased_or_mute_judge():
+    doc = _instruction_doc()
+    assert "position-biased" not in render_evaluation_html(doc)
+    doc["metrics"].update(first_position_rate=0.96, unparsed=12)
+    html = render_evaluation_html(doc)
+    assert "first answer in 96% of judgements" in html and "12 of 60 judge replies" in html

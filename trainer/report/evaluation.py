@@ -13,6 +13,24 @@ MAX_ITEMS_SHOWN = 200
 MAX_TEXT = 1500
 
 
+def _judge_warnings(m: dict[str, Any]) -> str:
+    out = []
+    first = m.get("first_position_rate")
+    if first is not None and math.isfinite(first) and abs(first - 0.5) > 0.3:
+        out.append(
+            f"The judge picked the {'first' if first > 0.5 else 'second'} answer in "
+            f"{100 * max(first, 1 - first):.0f}% of judgements: it is strongly position-biased. "
+            "Judging both orders cancels the bias, but the verdicts carry little information."
+        )
+    n = m.get("n_judgements") or 0
+    if n and (m.get("unparsed") or 0) / n > 0.1:
+        out.append(
+            f"{m['unparsed']} of {n} judge replies had no verdict (counted as ties); "
+            "check the judge model and its max_tokens."
+        )
+    return "".join(f'<div class="warn">{esc(w)}</div>' for w in out)
+
+
 def _instruction(doc: dict[str, Any]) -> str:
     m = doc["metrics"]
     cards = [
@@ -67,7 +85,8 @@ def _instruction(doc: dict[str, Any]) -> str:
     )
     return (
         f'<div class="cards">{"".join(cards)}</div>'
-        "<h2>Length control</h2>"
+        + _judge_warnings(m)
+        + "<h2>Length control</h2>"
         '<p class="muted small">Logistic model of each judgement on tanh(Δlength/σ) (Dubois et '
         "al. 2024); the length-controlled win rate is its prediction at equal lengths. A judge "
         "that prefers longer answers shows a steep curve; the raw win rate then overstates a "
@@ -161,7 +180,9 @@ def render_evaluation_html(doc: dict[str, Any]) -> str:
         if doc.get(k)
     }
     body += "<h2>Settings</h2>" + pre_json({"evaluation": head, **settings})
-    what = head.get("job_id") or head.get("base_model") or ""
+    what = (
+        head.get("job_id") or head.get("base_model") or (doc.get("model") or {}).get("name") or ""
+    )
     step = head.get("step")
     subtitle = esc(
         f"{kind} · {what}"
