@@ -34,9 +34,9 @@ from celery import Celery, signals
 from kombu import Exchange, Queue
 
 from models.db import make_engine, make_session_factory
-from models.tables import Job
+from models.tables import Evaluation, Job
 from worker.config import get_worker_settings
-from worker.reaper import ReaperThread, reap_and_requeue
+from worker.reaper import EvaluationSweep, ReaperThread, reap_and_requeue
 from worker.routing import CPU_QUEUE, GPU_QUEUE, queue_for
 
 log = logging.getLogger("humanline.worker")
@@ -45,6 +45,7 @@ settings = get_worker_settings()
 INGRESS_QUEUE = settings.CELERY_QUEUE or "celery"
 QUEUE_NAMES = tuple(dict.fromkeys((INGRESS_QUEUE, CPU_QUEUE, GPU_QUEUE)))
 RUN_JOB = "worker.tasks.run_job"
+RUN_EVALUATION = "worker.tasks.run_evaluation"  # api.routes.evaluations sends it by name
 
 app = Celery("humanline", broker=settings.BROKER_URL, include=["worker.tasks"])
 app.conf.update(
@@ -85,6 +86,25 @@ def send_run_job(sessions, job_id: str) -> None:
     app.send_task(RUN_JOB, args=[job_id], queue=queue)
 
 
+def evaluation_queue(sessions, evaluation_id: str) -> str | None:
+    """An evaluation goes where its model would train: routed by its base model, or by its
+    job's (None: no such evaluation)."""
+    with sessions() as s:
+        row = s.get(Evaluation, evaluation_id)
+        if row is None:
+            return None
+        base_model = row.base_model
+        if base_model is None and row.job_id is not None:
+            job = s.get(Job, row.job_id)
+            base_model = job.base_model if job is not None else None
+        return queue_for(base_model or "", {}, settings.cpu_models)
+
+
+def send_run_evaluation(sessions, evaluation_id: str) -> None:
+    queue = evaluation_queue(sessions, evaluation_id) or INGRESS_QUEUE
+    app.send_task(RUN_EVALUATION, args=[evaluation_id], queue=queue)
+
+
 # --- the reaper thread of every worker process ----------------------------------------------
 
 _reaper: dict[str, Any] = {}
@@ -94,13 +114,22 @@ _reaper: dict[str, Any] = {}
 def _start_reaper(**_: Any) -> None:
     """Runs in the worker's main process once it consumes (solo and prefork alike)."""
     sessions = make_session_factory(make_engine(settings.DATABASE_URL))
+    evaluations = EvaluationSweep(
+        sessions,
+        lambda evaluation_id: send_run_evaluation(sessions, evaluation_id),
+        queued_seconds=settings.STALE_QUEUED_SECONDS,
+        running_seconds=settings.LEASE_SECONDS,
+    )
 
     def sweep() -> list[str]:
-        return reap_and_requeue(
-            sessions,
-            lambda job_id: send_run_job(sessions, job_id),
-            max_attempts=settings.MAX_JOB_ATTEMPTS,
-            stale_queued_seconds=settings.STALE_QUEUED_SECONDS,
+        return (
+            reap_and_requeue(
+                sessions,
+                lambda job_id: send_run_job(sessions, job_id),
+                max_attempts=settings.MAX_JOB_ATTEMPTS,
+                stale_queued_seconds=settings.STALE_QUEUED_SECONDS,
+            )
+            + evaluations()
         )
 
     thread = ReaperThread(sweep, settings.REAPER_SECONDS)

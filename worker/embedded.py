@@ -4,10 +4,11 @@ external services: SQLite and a local object store are enough.
 
     handle = worker.embedded.start(settings)   # api.cli serve does this
     worker.embedded.enqueue(job_id)            # api.deps.EmbeddedQueue, after the commit
+    worker.embedded.enqueue_evaluation(eid)    # api.routes.evaluations, likewise
     handle.stop()                              # asks a running trainer to checkpoint; the
                                                # job goes back to `queued`
 
-Jobs run one at a time, in order. Ids enqueued before start() wait for it. At start the
+Jobs and evaluations run one at a time, in order. Ids enqueued before start() wait for it. At start the
 reaper also re-sends every queued job at once (a restarted server picks its queue up again);
 a job left `running` by a process that died is requeued when its lease expires.
 """
@@ -22,19 +23,24 @@ from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from storage import open_store
 from worker.config import WorkerSettings, as_worker_settings
-from worker.reaper import ReaperThread, reap_and_requeue
+from worker.reaper import EvaluationSweep, ReaperThread, reap_and_requeue
 from worker.runner import Runner
 
 log = logging.getLogger("humanline.worker.embedded")
 
-_jobs: queue.Queue[str | None] = queue.Queue()
+_jobs: queue.Queue[tuple[str, str] | None] = queue.Queue()  # ("job" | "evaluation", id)
 _lock = threading.Lock()
 _current: EmbeddedWorker | None = None
 
 
 def enqueue(job_id: str) -> None:
     """Hand a committed job to the in-process worker (it runs once start() was called)."""
-    _jobs.put(job_id)
+    _jobs.put(("job", job_id))
+
+
+def enqueue_evaluation(evaluation_id: str) -> None:
+    """Hand a committed evaluation to the in-process worker."""
+    _jobs.put(("evaluation", evaluation_id))
 
 
 class EmbeddedWorker:
@@ -48,32 +54,48 @@ class EmbeddedWorker:
         )
         self.thread = threading.Thread(target=self._loop, name="humanline-embedded", daemon=True)
         self._first_sweep = True
+        self.evaluations = self._evaluation_sweep(settings.STALE_QUEUED_SECONDS)
         self.reaper = ReaperThread(self._sweep, settings.REAPER_SECONDS)
 
+    def _evaluation_sweep(self, queued_seconds: float) -> EvaluationSweep:
+        return EvaluationSweep(
+            self.sessions,
+            enqueue_evaluation,
+            queued_seconds=queued_seconds,
+            running_seconds=self.settings.LEASE_SECONDS,
+        )
+
     def _sweep(self) -> list[str]:
-        # First sweep: every queued job is ours to (re)start; later ones only the stale.
-        stale = 1e-6 if self._first_sweep else self.settings.STALE_QUEUED_SECONDS
-        self._first_sweep = False
-        return reap_and_requeue(
+        # First sweep: everything queued is ours to (re)start; later ones only the stale.
+        first, self._first_sweep = self._first_sweep, False
+        stale = 1e-6 if first else self.settings.STALE_QUEUED_SECONDS
+        sent = reap_and_requeue(
             self.sessions,
             enqueue,
             max_attempts=self.settings.MAX_JOB_ATTEMPTS,
             stale_queued_seconds=stale,
         )
+        return sent + (self._evaluation_sweep(1e-6) if first else self.evaluations)()
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            job_id = _jobs.get()
-            if job_id is None:  # stop()'s wake-up (or a stale one from an earlier worker)
+            item = _jobs.get()
+            if item is None:  # stop()'s wake-up (or a stale one from an earlier worker)
                 continue
             if self._stopping.is_set():
-                _jobs.put(job_id)  # keep it for a later start()
+                _jobs.put(item)  # keep it for a later start()
                 break
+            kind, item_id = item
             try:
-                outcome = self.runner.run(job_id)
-                log.info("job %s: %s", job_id, outcome)
+                if kind == "evaluation":
+                    from worker.evaluate import run_evaluation
+
+                    outcome = run_evaluation(item_id, self.sessions, self.store, self.settings)
+                else:
+                    outcome = self.runner.run(item_id)
+                log.info("%s %s: %s", kind, item_id, outcome)
             except Exception:
-                log.exception("job %s: the embedded worker failed", job_id)
+                log.exception("%s %s: the embedded worker failed", kind, item_id)
 
     def start(self) -> EmbeddedWorker:
         self.thread.start()

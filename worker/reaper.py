@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -78,6 +79,53 @@ def reap_and_requeue(
     if stale:
         log.warning("re-sent jobs queued for too long: %s", ", ".join(stale))
     return sent
+
+
+class EvaluationSweep:
+    """Evaluations whose message was lost (queued too long) or whose worker died (running
+    without a heartbeat for `running_seconds`): sent again (worker.evaluate.claim lets one
+    delivery win). Their rows carry no lease columns to take, so each process remembers what
+    it sent and re-sends an evaluation at most once per `queued_seconds`."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        send: Callable[[str], None],
+        *,
+        queued_seconds: float,
+        running_seconds: float,
+    ):
+        self.sessions = sessions
+        self.send = send
+        self.queued_seconds = queued_seconds
+        self.running_seconds = running_seconds
+        self.sent_at: dict[str, float] = {}
+
+    def __call__(self) -> list[str]:
+        from worker.evaluate import stale_evaluations
+
+        now = time.monotonic()
+        stale = stale_evaluations(
+            self.sessions,
+            queued_seconds=self.queued_seconds,
+            running_seconds=self.running_seconds,
+        )
+        self.sent_at = {k: t for k, t in self.sent_at.items() if k in stale}
+        sent = []
+        for evaluation_id in stale:
+            last = self.sent_at.get(evaluation_id)
+            if last is not None and now - last < self.queued_seconds:
+                continue
+            try:
+                self.send(evaluation_id)
+            except Exception:
+                log.exception("could not send evaluation %s", evaluation_id)
+                continue
+            self.sent_at[evaluation_id] = now
+            sent.append(evaluation_id)
+        if sent:
+            log.warning("re-sent stale evaluations: %s", ", ".join(sent))
+        return sent
 
 
 class ReaperThread(threading.Thread):

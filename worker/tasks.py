@@ -12,11 +12,19 @@ from celery.worker import state as worker_state
 
 from models.db import make_engine, make_session_factory
 from storage import open_store
-from worker.celery_app import RUN_JOB, app, job_queue, send_run_job, settings
+from worker.celery_app import (
+    RUN_EVALUATION,
+    RUN_JOB,
+    app,
+    evaluation_queue,
+    job_queue,
+    send_run_job,
+    settings,
+)
 from worker.reaper import reap_and_requeue
 from worker.runner import Runner
 
-__all__ = ["app", "reap", "run_job"]
+__all__ = ["app", "reap", "run_evaluation", "run_job"]
 
 log = logging.getLogger("humanline.worker")
 
@@ -57,6 +65,24 @@ def run_job(self, job_id: str) -> str | None:
         log.info("job %s forwarded from queue %s to %s", job_id, delivered_on, target)
         return f"forwarded:{target}"
     return r.run(job_id)
+
+
+@app.task(name=RUN_EVALUATION, bind=True)
+def run_evaluation(self, evaluation_id: str) -> str | None:
+    """Run one evaluation (worker.evaluate); safe to deliver twice; forwarded like run_job."""
+    from worker import evaluate
+
+    r = runner()
+    delivered_on = (self.request.delivery_info or {}).get("routing_key")
+    target = evaluation_queue(r.sessions, evaluation_id)
+    if target is None:
+        log.warning("run_evaluation: no evaluation %s", evaluation_id)
+        return None
+    if delivered_on and delivered_on != target:
+        app.send_task(RUN_EVALUATION, args=[evaluation_id], queue=target)
+        log.info("evaluation %s forwarded from queue %s to %s", evaluation_id, delivered_on, target)
+        return f"forwarded:{target}"
+    return evaluate.run_evaluation(evaluation_id, r.sessions, r.store, settings)
 
 
 @app.task(name="worker.tasks.reap")
