@@ -406,10 +406,12 @@ class Attempt:
                 job_states.record_metrics(s, self.job_id, int(m["step"]), values)
             for e in events:
                 kind, data = e.get("kind"), dict(e.get("data") or {})
-                if kind == "checkpoint":  # recorded at this point of the history if uploaded
-                    step = data.get("step")
-                    if step in self.uploaded and step not in self.recorded:
-                        self._record_checkpoint(s, step)
+                if kind == "checkpoint":  # recorded here in the history once uploaded,
+                    step = data.get("step")  # after any earlier one still unrecorded
+                    if isinstance(step, int) and step in self.uploaded:
+                        for earlier in sorted(set(self.uploaded) - self.recorded):
+                            if earlier <= step:
+                                self._record_checkpoint(s, earlier)
                     continue
                 data.pop("path", None)  # local paths mean nothing outside this machine
                 data["attempt"] = self.number

@@ -208,3 +208,45 @@ def test_a_store_outage_is_not_reported_as_done(local, tmp_path, monkeypatch):
     sent: list[str] = []
     reap_and_requeue(local.sessions, sent.append, max_attempts=5, stale_queued_seconds=None)
     assert sent == [job_id] and local.job(job_id).status == "queued"
+
+
+def test_checkpoints_are_recorded_in_step_order(local):
+    """A checkpoint event can be read before its directory was uploaded; the next sync records
+    the checkpoints in step order, each only once its objects are in the store."""
+    import json
+
+    from models import jobs as job_states
+    from worker.runner import Attempt
+
+    job_id = local.make_job(max_steps=6)
+    with local.sessions() as s:
+        job = job_states.claim(s, job_id, "w-1", 30)
+        s.commit()
+    attempt = Attempt(_runner(local), job, "w-1")
+    attempt.run_dir.mkdir(parents=True)
+
+    def checkpoint_dir(step: int) -> None:
+        path = attempt.run_dir / "checkpoints" / f"step-{step}"
+        path.mkdir(parents=True)
+        (path / "state.json").write_text(json.dumps({"step": step, "world_size": 1}))
+
+    def event(step: int) -> None:
+        with open(attempt.run_dir / "events.jsonl", "a") as fh:
+            fh.write(json.dumps({"kind": "checkpoint", "message": "", "data": {"step": step}}))
+            fh.write("\n")
+
+    checkpoint_dir(2)
+    event(2)
+    attempt.sync()
+    event(4)  # its directory shows up only after this sync looked for new ones
+    attempt.sync()
+    assert checkpoint_steps(local.sessions, job_id) == [2]
+    checkpoint_dir(4)
+    checkpoint_dir(6)
+    event(6)
+    attempt.sync()
+    recorded = [e.data["step"] for e in local.events(job_id) if e.kind == "checkpoint"]
+    assert recorded == [2, 4, 6]
+    assert all(local.store.is_complete(f"{job.team_id}/{job_id}/step-{n}/") for n in (2, 4, 6))
+    # Only the newest stays on local disk; the others are safe in the store.
+    assert sorted(p.name for p in (attempt.run_dir / "checkpoints").iterdir()) == ["step-6"]
