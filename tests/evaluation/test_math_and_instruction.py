@@ -106,13 +106,8 @@ def test_math_eval_checks_latex_answers_symbolically():
     assert _verdicts(records, samples) == [[True, True, False], [True, True, False]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trainer.rewards' verifier parses a LaTeX answer as plain text first, so gold "
-    "'5\\sqrt{2}' reads as 5: '\\boxed{5}' passes and '\\boxed{\\sqrt{50}}' fails. Fix: in "
-    "_verify_child.parse_any, parse text containing a backslash as $...$ first.",
-)
 def test_math_eval_checks_latex_products_symbolically():
+    """Gold '5\\sqrt{2}' must not read as its first number, 5."""
     records = [{"problem": "root?", "answer": "5\\sqrt{2}"}]
     assert _verdicts(records, [["\\boxed{\\sqrt{50}}", "\\boxed{5}"]]) == [[True, False]]
 

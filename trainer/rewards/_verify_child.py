@@ -24,12 +24,20 @@ def main() -> None:
         return
 
     def parse_any(text: str) -> list:
-        """Plain text first ("5 cm", "3/4", "x = 4"), then as inline LaTeX ("\\dfrac{3}{4}")."""
+        """Plain text ("5 cm", "3/4", "x = 4") and inline LaTeX ("\\dfrac{3}{4}").
+
+        Text with a LaTeX command is parsed as LaTeX first: as plain text, "5\\sqrt{2}" would
+        read as its first number, 5."""
         text = text.replace("\\$", "")  # an escaped dollar is a currency sign, not math
+        escaped = text.replace("\\%", "%").replace("%", "\\%")
+        as_latex = lambda: parse(f"${escaped}$", parsing_timeout=None)  # noqa: E731
+        if "\\" in text and "$" not in text:
+            parsed = as_latex()
+            if parsed:
+                return parsed
         parsed = parse(text, parsing_timeout=None)
         if not parsed and "$" not in text:
-            escaped = text.replace("\\%", "%").replace("%", "\\%")
-            parsed = parse(f"${escaped}$", parsing_timeout=None)
+            parsed = as_latex()
         return parsed
 
     print(json.dumps({"ready": True}), flush=True)
