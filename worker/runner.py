@@ -52,6 +52,7 @@ from models import jobs as job_states
 from models.tables import Checkpoint, File, Job
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore, StorageError
 from storage.keys import checkpoint_prefix, job_prefix
+from worker.job_evaluations import create_job_evaluations
 from worker.config import WorkerSettings, new_worker_id
 from worker.routing import PlacementError, placement, trainer_command, trainer_env
 from worker.tail import JsonlTail
@@ -184,6 +185,7 @@ class Attempt:
         self.sessions = runner.sessions
         self.store = runner.store
         self.send = runner.send
+        self.send_evaluation = runner.send_evaluation
         self.should_stop = runner.should_stop
         self.worker_id = worker_id
         self.job_id = job.id
@@ -389,7 +391,15 @@ class Attempt:
         self._upload_new_checkpoints()
         offsets = self.metrics.offset, self.events.offset
         metrics = self.metrics.read()
-        events = self.events.read()
+        events = []
+        for event, line_start in self.events.read_with_offsets():
+            step = (event.get("data") or {}).get("step")
+            if event.get("kind") == "checkpoint" and step not in self.uploaded:
+                # Its directory appeared after we looked: keep the history in order, stop
+                # here and read on from this event once the checkpoint is in the store.
+                self.events.offset = line_start
+                break
+            events.append(event)
         pending = sorted(set(self.uploaded) - self.recorded)
         quality = None if self.quality_reported else self._data_quality()
         if not (metrics or events or pending or quality):
@@ -406,12 +416,11 @@ class Attempt:
                 job_states.record_metrics(s, self.job_id, int(m["step"]), values)
             for e in events:
                 kind, data = e.get("kind"), dict(e.get("data") or {})
-                if kind == "checkpoint":  # recorded here in the history once uploaded,
+                if kind == "checkpoint":  # recorded here in the history (it is uploaded),
                     step = data.get("step")  # after any earlier one still unrecorded
-                    if isinstance(step, int) and step in self.uploaded:
-                        for earlier in sorted(set(self.uploaded) - self.recorded):
-                            if earlier <= step:
-                                self._record_checkpoint(s, earlier)
+                    for earlier in sorted(set(self.uploaded) - self.recorded):
+                        if earlier <= step:
+                            self._record_checkpoint(s, earlier)
                     continue
                 data.pop("path", None)  # local paths mean nothing outside this machine
                 data["attempt"] = self.number
@@ -535,14 +544,25 @@ class Attempt:
     def finish(self, status: str, *, error=None, result=None, message=None) -> str:
         self.heartbeat.stop()  # no beat may land after the terminal transition
 
+        evaluations: list[str] = []
+
         def write(s: Session) -> bool:
-            return job_states.finish(
+            done = job_states.finish(
                 s, self.job_id, self.worker_id, status, error=error, result=result, message=message
             )
+            if done and status == "succeeded":  # same transaction: none can be lost
+                evaluations[:] = create_job_evaluations(s, self.job_id)
+            return done
 
         if not self._fenced(write):
             raise LeaseLost(self.job_id)
         self.log.info("%s", status)
+        for evaluation_id in evaluations:  # a lost send is re-sent by the reaper's sweep
+            try:
+                if self.send_evaluation is not None:
+                    self.send_evaluation(evaluation_id)
+            except Exception:
+                self.log.warning("could not send evaluation %s", evaluation_id, exc_info=True)
         return status
 
     def release(self) -> str:
@@ -571,12 +591,14 @@ class Runner:
         store: ObjectStore,
         *,
         send: Callable[[str], None] | None = None,
+        send_evaluation: Callable[[str], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ):
         self.settings = settings
         self.sessions = sessions
         self.store = store
         self.send = send
+        self.send_evaluation = send_evaluation
         self.should_stop = should_stop
 
     def run(self, job_id: str) -> str | None:

@@ -46,6 +46,7 @@ def runner() -> Runner:
         sessions,
         store,
         send=lambda job_id: send_run_job(sessions, job_id),
+        send_evaluation=lambda eid: app.send_task(RUN_EVALUATION, args=[eid], queue=evaluation_queue(sessions, eid)),
         should_stop=_stopping,
     )
 

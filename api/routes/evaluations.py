@@ -24,7 +24,7 @@ from api.deps import (
 )
 from api.errors import api_error
 from api.schemas import ErrorResponse, Page
-from api.schemas_eval import EVAL_FORMATS, EvalKind, EvalStatus, EvaluationCreate, EvaluationOut
+from api.schemas_eval import EVAL_FORMATS, EvalRequest, EvalKind, EvalStatus, EvaluationCreate, EvaluationOut
 from models.settings import Settings
 from models.tables import Checkpoint, Evaluation, File, Job
 from storage import ObjectNotFound
@@ -163,29 +163,31 @@ def _model(
     return job.id, None
 
 
-def _eval_file(session: Session, team_id: str, body: EvaluationCreate) -> File:
+def check_eval_file(session: Session, team_id: str, body: EvalRequest, where: str = "") -> File:
+    """The team's processed eval file of the request's kind; `where` prefixes error fields."""
     row = session.get(File, body.file_id)
     if row is None or row.team_id != team_id:
-        raise api_error(404, f"no file {body.file_id!r}", field="file_id")
+        raise api_error(404, f"no file {body.file_id!r}", field=f"{where}file_id")
     if row.purpose != "eval":
         raise api_error(
             422,
             f"file {row.id} was uploaded with purpose {row.purpose!r}; evaluations need 'eval'",
-            field="file_id",
+            field=f"{where}file_id",
         )
     if row.status != "processed":
-        raise api_error(422, f"file {row.id} is {row.status}, not processed", field="file_id")
+        raise api_error(422, f"file {row.id} is {row.status}, not processed", field=f"{where}file_id")
     want = EVAL_FORMATS[body.kind]
     if row.format != want:
         raise api_error(
             422,
             f"a {body.kind} evaluation needs a {want} file; file {row.id} is {row.format}",
-            field="file_id",
+            field=f"{where}file_id",
         )
     return row
 
 
-def _judge(body: EvaluationCreate, settings: Settings) -> dict[str, Any] | None:
+def check_judge(body: EvalRequest, settings: Settings, where: str = "") -> dict[str, Any] | None:
+    """The judge as stored, if the operator allows it; `where` prefixes error fields."""
     judge = body.judge
     if judge is None:
         return None
@@ -202,9 +204,9 @@ def _judge(body: EvaluationCreate, settings: Settings) -> dict[str, Any] | None:
                     if allowed
                     else "; the operator has allowed none (EVAL_JUDGE_BASE_URLS)"
                 ),
-                field="judge.base_url",
+                field=f"{where}judge.base_url",
             )
-        return {"type": "openai", "base_url": url, "model": judge.model}
+        return body.stored_judge()
     names = reward_model_names(settings)
     if judge.model not in names:
         raise api_error(
@@ -215,9 +217,9 @@ def _judge(body: EvaluationCreate, settings: Settings) -> dict[str, Any] | None:
                 if names
                 else "; none is configured (EVAL_REWARD_MODELS)"
             ),
-            field="judge.model",
+            field=f"{where}judge.model",
         )
-    return {"type": "reward_model", "model": judge.model}
+    return body.stored_judge()
 
 
 @router.post("", status_code=201, response_model=EvaluationOut, responses=_ERRORS)
@@ -238,8 +240,8 @@ def create_evaluation(
     if (problem := body.problem()) is not None:
         raise api_error(422, f"{problem[0]}: {problem[1]}", field=problem[0])
     job_id, checkpoint_id = _model(session, team.id, body, settings)
-    file = _eval_file(session, team.id, body)
-    judge = _judge(body, settings)
+    file = check_eval_file(session, team.id, body)
+    check_judge(body, settings)
     limit = int(eval_setting(settings, "MAX_EVALS_PER_TEAM", 10))
     active = session.execute(
         select(func.count())
@@ -248,15 +250,7 @@ def create_evaluation(
     ).scalar_one()
     if active >= limit:
         raise api_error(429, f"at most {limit} queued or running evaluations per team")
-    config: dict[str, Any] = {
-        "step": body.step,
-        "judge": judge,
-        "generation": body.resolved_generation(),
-        "file": {"sha256": file.sha256, "format": file.format, "records": file.records},
-    }
-    for key in ("prompt_template", "system_prompt", "max_items"):
-        if getattr(body, key) is not None:
-            config[key] = getattr(body, key)
+    config = body.stored_config(file, step=body.step)
     row = Evaluation(
         team_id=team.id,
         job_id=job_id,

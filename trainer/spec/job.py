@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainer.rewards.base import RewardSpec
+from trainer.spec.evaluation import EvalRequest
 from trainer.rewards.registry import MATH_REWARDS, REWARDS
 
 ObjectiveName = Literal["dpo", "kto", "grpo"]
@@ -180,9 +181,21 @@ class JobSpec(_Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     adapter: AdapterConfig = Field(default_factory=AdapterConfig)
     checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints; 0 = end only.")
+    evaluations: list[EvalRequest] = Field(
+        default_factory=list, max_length=8,
+        description="Evaluations to run on the final model when the job succeeds (service only).",
+    )
     log_every: int = Field(1, ge=1)
     quality_sample: int = Field(256, ge=0, description="Examples scored for the data signal.")
     metadata: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("evaluations")
+    @classmethod
+    def _evaluations(cls, evaluations: list[EvalRequest]) -> list[EvalRequest]:
+        for i, ev in enumerate(evaluations):
+            if (problem := ev.problem()) is not None:
+                raise ValueError(f"evaluations.{i}.{problem[0]}: {problem[1]}")
+        return evaluations
 
     @model_validator(mode="before")
     @classmethod
