@@ -52,8 +52,8 @@ from models import jobs as job_states
 from models.tables import Checkpoint, File, Job
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore, StorageError
 from storage.keys import checkpoint_prefix, job_prefix
-from worker.job_evaluations import create_job_evaluations
 from worker.config import WorkerSettings, new_worker_id
+from worker.job_evaluations import create_job_evaluations
 from worker.routing import PlacementError, placement, trainer_command, trainer_env
 from worker.tail import JsonlTail
 
@@ -394,7 +394,11 @@ class Attempt:
         events = []
         for event, line_start in self.events.read_with_offsets():
             step = (event.get("data") or {}).get("step")
-            if event.get("kind") == "checkpoint" and step not in self.uploaded:
+            if (
+                event.get("kind") == "checkpoint"
+                and isinstance(step, int)
+                and step not in self.uploaded
+            ):
                 # Its directory appeared after we looked: keep the history in order, stop
                 # here and read on from this event once the checkpoint is in the store.
                 self.events.offset = line_start
@@ -419,7 +423,7 @@ class Attempt:
                 if kind == "checkpoint":  # recorded here in the history (it is uploaded),
                     step = data.get("step")  # after any earlier one still unrecorded
                     for earlier in sorted(set(self.uploaded) - self.recorded):
-                        if earlier <= step:
+                        if isinstance(step, int) and earlier <= step:
                             self._record_checkpoint(s, earlier)
                     continue
                 data.pop("path", None)  # local paths mean nothing outside this machine

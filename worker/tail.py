@@ -22,6 +22,11 @@ class JsonlTail:
         self.offset = 0
 
     def read(self) -> list[dict[str, Any]]:
+        return [record for record, _ in self.read_with_offsets()]
+
+    def read_with_offsets(self) -> list[tuple[dict[str, Any], int]]:
+        """The new records, each with the offset where its line starts: set `offset` back to
+        it to read that record (and what follows) again next time."""
         try:
             with open(self.path, "rb") as fh:
                 if fh.seek(0, 2) < self.offset:  # rewritten shorter: start over
@@ -33,9 +38,11 @@ class JsonlTail:
         end = chunk.rfind(b"\n")
         if end < 0:
             return []
+        start = self.offset
         self.offset += end + 1
         records = []
-        for raw in chunk[: end + 1].splitlines():
+        for raw in chunk[: end + 1].splitlines(keepends=True):
+            line_start, start = start, start + len(raw)
             if not raw.strip():
                 continue
             try:
@@ -44,5 +51,5 @@ class JsonlTail:
                 log.warning("skipping an unreadable line of %s: %r", self.path, raw[:200])
                 continue
             if isinstance(record, dict):
-                records.append(record)
+                records.append((record, line_start))
         return records
