@@ -211,8 +211,9 @@ def test_a_store_outage_is_not_reported_as_done(local, tmp_path, monkeypatch):
 
 
 def test_checkpoints_are_recorded_in_step_order(local):
-    """A checkpoint event can be read before its directory was uploaded; the next sync records
-    the checkpoints in step order, each only once its objects are in the store."""
+    """A checkpoint event can be read before its directory was uploaded: the history waits
+    there, so checkpoints (and what the trainer logged after them) land in the trainer's order,
+    each checkpoint only once its objects are in the store."""
     import json
 
     from models import jobs as job_states
@@ -230,23 +231,34 @@ def test_checkpoints_are_recorded_in_step_order(local):
         path.mkdir(parents=True)
         (path / "state.json").write_text(json.dumps({"step": step, "world_size": 1}))
 
-    def event(step: int) -> None:
+    def event(kind: str, **data) -> None:
         with open(attempt.run_dir / "events.jsonl", "a") as fh:
-            fh.write(json.dumps({"kind": "checkpoint", "message": "", "data": {"step": step}}))
-            fh.write("\n")
+            fh.write(json.dumps({"kind": kind, "message": "", "data": data}) + "\n")
+
+    def history() -> list[tuple[str, int | None]]:
+        return [
+            (e.kind, e.data.get("step"))
+            for e in local.events(job_id)
+            if e.kind in ("checkpoint", "finished", "warning")
+        ]
 
     checkpoint_dir(2)
-    event(2)
+    event("checkpoint", step=2)
     attempt.sync()
-    event(4)  # its directory shows up only after this sync looked for new ones
+    event("checkpoint", step=4)  # its directory shows up only after this sync looked
+    event("warning")
     attempt.sync()
-    assert checkpoint_steps(local.sessions, job_id) == [2]
+    assert history() == [("checkpoint", 2)]
     checkpoint_dir(4)
     checkpoint_dir(6)
-    event(6)
+    event("checkpoint", step=6)
+    event("checkpoint")  # malformed (no step): skipped, does not hold the history up
+    event("finished", step=6)
     attempt.sync()
-    recorded = [e.data["step"] for e in local.events(job_id) if e.kind == "checkpoint"]
-    assert recorded == [2, 4, 6]
+    assert history() == [
+        ("checkpoint", 2), ("checkpoint", 4), ("warning", None), ("checkpoint", 6),
+        ("finished", 6),
+    ]  # fmt: skip
     assert all(local.store.is_complete(f"{job.team_id}/{job_id}/step-{n}/") for n in (2, 4, 6))
     # Only the newest stays on local disk; the others are safe in the store.
     assert sorted(p.name for p in (attempt.run_dir / "checkpoints").iterdir()) == ["step-6"]
