@@ -50,8 +50,12 @@ class EmbeddedWorker:
         self.store = open_store(settings.STORAGE_URL, **settings.storage_options())
         self._stopping = threading.Event()
         self.runner = Runner(
-            settings, self.sessions, self.store, send=enqueue,
-            send_evaluation=enqueue_evaluation, should_stop=self._stopping.is_set,
+            settings,
+            self.sessions,
+            self.store,
+            send=enqueue,
+            send_evaluation=enqueue_evaluation,
+            should_stop=self._stopping.is_set,
         )
         self.thread = threading.Thread(target=self._loop, name="humanline-embedded", daemon=True)
         self._first_sweep = True

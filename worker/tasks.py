@@ -18,6 +18,7 @@ from worker.celery_app import (
     app,
     evaluation_queue,
     job_queue,
+    send_run_evaluation,
     send_run_job,
     settings,
 )
@@ -46,7 +47,7 @@ def runner() -> Runner:
         sessions,
         store,
         send=lambda job_id: send_run_job(sessions, job_id),
-        send_evaluation=lambda eid: app.send_task(RUN_EVALUATION, args=[eid], queue=evaluation_queue(sessions, eid)),
+        send_evaluation=lambda evaluation_id: send_run_evaluation(sessions, evaluation_id),
         should_stop=_stopping,
     )
 
