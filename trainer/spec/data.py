@@ -190,6 +190,8 @@ def parse_line(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict]:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise RecordError("(json)", f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:  # "[[[[..." a few thousand deep: a 500 otherwise
+        raise RecordError("(json)", "nested too deeply") from None
     if not isinstance(obj, dict):
         raise RecordError("(json)", "each line must be a JSON object")
     line_fmt = detect_format(obj)
