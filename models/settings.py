@@ -8,6 +8,8 @@ Production sets DATABASE_URL (PostgreSQL), BROKER_URL (Redis/RabbitMQ) and STORA
 
 from __future__ import annotations
 
+import os
+
 from functools import lru_cache
 from typing import Any
 
@@ -109,3 +111,17 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment once."""
     return Settings()
+
+
+def setting(settings: Any, name: str, default: Any) -> Any:
+    """A setting that is not (yet) a field of Settings: the attribute if present, else the
+    environment variable, else `default`; coerced to the default's type. (The evaluation
+    knobs, EVAL_*, are read this way by the API and the worker alike.)"""
+    value = getattr(settings, name, None)
+    if value is None:
+        value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if default is not None and not isinstance(value, type(default)):
+        return type(default)(value)
+    return value

@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins = ["tests.fixtures.db", "tests.fixtures.s3"]
+pytest_plugins = ["tests.fixtures.db", "tests.fixtures.s3", "tests.fixtures.services"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,13 +24,13 @@ def run(
     from pydantic import ValidationError
 
     from trainer.spec.job import load_spec
-    from trainer.train import train
 
     try:
         spec = load_spec(spec_path)
     except ValidationError as exc:
         typer.echo(f"invalid spec {spec_path}:\n{exc}", err=True)
         raise typer.Exit(2)
+    from trainer.train import train  # torch: only once the spec is known to be valid
     result = train(spec, out, resume=resume, progress=progress)
     typer.echo(json.dumps(result.as_dict()))
     raise typer.Exit(0 if result.status == "succeeded" else 3)

@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.base import utcnow
 from models.tables import Checkpoint, Evaluation, File, Job
+from models.settings import setting
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore, StorageError
 from storage.keys import job_prefix, report_key
 from worker.routing import PROJECT_ROOT
@@ -77,19 +78,6 @@ SUMMARY_KEYS = (
 # --- settings ------------------------------------------------------------------------------------
 # Evaluation settings are environment variables of the same name. Read through `setting()` so
 # that once they are fields of models.settings.Settings (proposed), those win.
-
-
-def setting(settings: Any, name: str, default: Any) -> Any:
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return (
-        type(default)(value)
-        if default is not None and not isinstance(value, type(default))
-        else value
-    )
 
 
 def allowed_judge_urls(settings: Any) -> set[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -25,7 +24,7 @@ from api.deps import (
 from api.errors import api_error
 from api.schemas import ErrorResponse, Page
 from api.schemas_eval import EVAL_FORMATS, EvalRequest, EvalKind, EvalStatus, EvaluationCreate, EvaluationOut
-from models.settings import Settings
+from models.settings import Settings, setting
 from models.tables import Checkpoint, Evaluation, File, Job
 from storage import ObjectNotFound
 
@@ -44,26 +43,13 @@ REPORT_HEADERS = {
 # --- settings (proposed fields of models.settings.Settings; env vars until then) -------------
 
 
-def eval_setting(settings: Settings, name: str, default: Any) -> Any:
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return (
-        type(default)(value)
-        if default is not None and not isinstance(value, type(default))
-        else value
-    )
-
-
 def allowed_judge_urls(settings: Settings) -> set[str]:
-    raw = str(eval_setting(settings, "EVAL_JUDGE_BASE_URLS", ""))
+    raw = str(setting(settings, "EVAL_JUDGE_BASE_URLS", ""))
     return {u.strip().rstrip("/") for u in raw.split(",") if u.strip()}
 
 
 def reward_model_names(settings: Settings) -> set[str]:
-    raw = str(eval_setting(settings, "EVAL_REWARD_MODELS", ""))
+    raw = str(setting(settings, "EVAL_REWARD_MODELS", ""))
     return {
         e.partition("=")[0].strip()
         for e in raw.split(",")
@@ -242,7 +228,7 @@ def create_evaluation(
     job_id, checkpoint_id = _model(session, team.id, body, settings)
     file = check_eval_file(session, team.id, body)
     check_judge(body, settings)
-    limit = int(eval_setting(settings, "MAX_EVALS_PER_TEAM", 10))
+    limit = int(setting(settings, "MAX_EVALS_PER_TEAM", 10))
     active = session.execute(
         select(func.count())
         .select_from(Evaluation)

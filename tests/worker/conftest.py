@@ -21,12 +21,7 @@ from models.tables import Checkpoint, File, Job, JobEvent, JobMetric
 from models.teams import create_api_key, create_team
 from storage import open_store
 from storage.keys import file_key
-from tests.fixtures.services import (  # noqa: F401 - fixtures
-    REPO,
-    celery_workers,
-    redis_broker_url,
-    wait_for,
-)
+from tests.fixtures.services import REPO, wait_for  # fixtures come from the plugin
 from trainer.spec.job import JobSpec
 from trainer.synthetic import preference_records
 from worker.config import WorkerSettings
@@ -212,7 +207,7 @@ class Stack:
 
 
 @pytest.fixture
-def stack(db_url, db_sessions, s3_server, redis_broker_url, tmp_path) -> Any:  # noqa: F811
+def stack(db_url, db_sessions, s3_server, redis_broker_url, tmp_path) -> Any:
     bucket = s3_server.acquire_bucket()
     s3 = {
         "S3_ENDPOINT_URL": s3_server.endpoint_url,
