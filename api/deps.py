@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.errors import api_error
+from api.ratelimit import AuthFailureLimiter
 from models.settings import Settings
 from models.tables import IdempotencyKey, Team
 from models.teams import team_for_key
@@ -128,6 +129,14 @@ QueueDep = Annotated[JobQueue, Depends(get_queue)]
 
 # --- auth -------------------------------------------------------------------------------------
 
+def auth_limiter(request: Request) -> AuthFailureLimiter:
+    """The app's failed-authentication limiter (api/ratelimit.py), made on first use."""
+    limiter = getattr(request.app.state, "auth_limiter", None)
+    if limiter is None:
+        limiter = request.app.state.auth_limiter = AuthFailureLimiter()
+    return limiter
+
+
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer hl_...`")
 
 
@@ -137,12 +146,19 @@ def get_current_team(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Team:
     challenge = {"WWW-Authenticate": "Bearer"}
+    limiter, client = auth_limiter(request), request.client.host if request.client else "?"
+    if (wait := limiter.retry_after(client)) is not None:
+        raise api_error(
+            429, "too many failed authentications; retry later", headers={"Retry-After": str(wait)}
+        )
     if credentials is None or credentials.scheme.lower() != "bearer":
+        limiter.failure(client)
         raise api_error(
             401, "missing API key: send 'Authorization: Bearer hl_...'", headers=challenge
         )
     team = team_for_key(session, credentials.credentials.strip())
     if team is None:
+        limiter.failure(client)
         raise api_error(401, "invalid or revoked API key", headers=challenge)
     request.state.team_id = team.id  # for the access log; never the key itself
     return team

@@ -102,6 +102,9 @@ def route_template(scope: Scope) -> str:
     )
 
 
+MAX_HEADER_BYTES = 32 * 1024  # all names and values together (nginx: 4 x 8 KiB)
+
+
 class RequestMiddleware:
     """Per request: X-Request-ID in/out, body size limit, metrics, one access-log line, and a
     JSON 500 (with the request id) instead of a stack trace for an unexpected exception."""
@@ -156,6 +159,11 @@ class RequestMiddleware:
             return message
 
         try:
+            if sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
+                from api.errors import api_error  # local: errors imports this module
+
+                # httptools (uvicorn's default parser) has no header limit of its own
+                raise api_error(431, "request headers too large", type="invalid_request_error")
             declared = headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 raise self.too_large(limit)
