@@ -25,8 +25,8 @@ from api.deps import (
     enqueue_after_commit,
     request_hash,
 )
-from api.routes.evaluations import check_eval_file, check_judge
 from api.errors import api_error
+from api.routes.evaluations import check_eval_file, check_judge
 from api.schemas import (
     CheckpointOut,
     ErrorResponse,
@@ -392,13 +392,17 @@ def download_checkpoint_file(
     ).scalar_one_or_none()
     if ckpt is None:
         raise api_error(404, f"job {job.id} has no checkpoint at step {step}", field="step")
-    prefix = ckpt.object_prefix
+    return _serve_file(store, settings, ckpt.object_prefix, file, f"checkpoint step {step}")
+
+
+def _serve_file(store, settings, prefix: str, file: str, what: str):
+    """A file listed under `prefix`: a redirect to a presigned URL on S3, streamed otherwise.
+    Only names that exist under the prefix are served (no path tricks)."""
     names = {k.removeprefix(prefix) for k in store.list(prefix)}
     if file not in names:
         raise api_error(
             404,
-            f"checkpoint step {step} has no file {file!r}; it has "
-            f"{', '.join(sorted(names)[:20]) or 'no files'}",
+            f"{what} has no file {file!r}; it has {', '.join(sorted(names)[:20]) or 'no files'}",
             field="file",
         )
     key = prefix + file
@@ -411,3 +415,23 @@ def download_checkpoint_file(
         media_type="application/octet-stream",
         headers={"Content-Disposition": f'attachment; filename="{download_name}"'},
     )
+
+
+@router.get("/{job_id}/model/download", responses=_ERRORS)
+def download_model_file(
+    job: OwnedJob,
+    store: StoreDep,
+    settings: SettingsDep,
+    file: Annotated[
+        str,
+        Query(min_length=1, max_length=255, description="A name from result.final_model.files."),
+    ],
+):
+    """One file of the job's exported model (an adapter or full model directory loadable by
+    transformers/peft), once the job has succeeded."""
+    final = (job.result or {}).get("final_model")
+    if job.status != "succeeded" or not final:
+        raise api_error(
+            404, f"job {job.id} has no exported model (status {job.status})", field="job_id"
+        )
+    return _serve_file(store, settings, final["prefix"], file, "the exported model")

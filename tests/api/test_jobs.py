@@ -518,3 +518,29 @@ def test_enqueue_failure_does_not_fail_the_request(client, team_a, train_file, q
     monkeypatch.setattr(queue, "enqueue", broken)
     job = _create(client, team_a, train_file)
     assert job["status"] == "queued"  # the sweep (stale_queued) will send it again
+
+
+def test_exported_model_downloads_once_the_job_succeeded(client, team_a, team_b, train_file, db_sessions, store, tmp_path):
+    from storage.keys import job_prefix
+
+    job_id = _create(client, team_a, train_file)["id"]
+    url = f"/v1/jobs/{job_id}/model/download"
+    early = client.get(url, headers=team_a.headers, params={"file": "adapter_model.safetensors"})
+    assert early.status_code == 404 and early.json()["error"]["field"] == "job_id"
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "adapter_model.safetensors").write_bytes(b"\x01adapter")
+    prefix = job_prefix(team_a.id, job_id) + "final/"
+    store.upload_dir(prefix, final)
+    _claim(db_sessions, job_id)
+    with db_sessions() as s:
+        result = {"final_model": {"prefix": prefix, "files": ["adapter_model.safetensors"]}}
+        assert job_states.finish(s, job_id, "w1", "succeeded", result=result)
+        s.commit()
+    ok = client.get(url, headers=team_a.headers, params={"file": "adapter_model.safetensors"})
+    assert ok.status_code == 200 and ok.content == b"\x01adapter"
+    for name in ("../final/adapter_model.safetensors", "_COMPLETE/../x", "missing"):
+        r = client.get(url, headers=team_a.headers, params={"file": name})
+        assert r.status_code == 404 and r.json()["error"]["field"] == "file", name
+    other = client.get(url, headers=team_b.headers, params={"file": "adapter_model.safetensors"})
+    assert other.status_code == 404
