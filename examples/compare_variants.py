@@ -3,11 +3,13 @@
     export HUMANLINE_BASE_URL=http://127.0.0.1:8000 HUMANLINE_API_KEY=hl_...
     python examples/compare_variants.py [--model smollm2-135m-instruct] [--steps 24]
                                         [--data FILE | --file-id file-...] [--no-wait]
+                                        [--reports DIR]
 
 Both jobs get the same spec and seed; only the variant differs, so the difference in their
 metrics is humanline's (clipped token log-ratios, reference synced every step). Both are
 tagged with metadata {"comparison": TAG}, so `humanline jobs list --metadata comparison=TAG`
 finds them again. With --no-wait (or HUMANLINE_NO_WAIT=1) it stops after submitting.
+--reports DIR saves each job's HTML report (training curves, data quality, manifest) there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default=f"cmp-{int(time.time())}", help="metadata comparison=TAG")
+    ap.add_argument("--reports", type=Path, help="save each job's HTML report in this directory")
     ap.add_argument(
         "--no-wait",
         action="store_true",
@@ -97,6 +100,18 @@ def main(argv: list[str] | None = None) -> int:
         rows += [(name, [fmt(finals[v].get(name)) for v in VARIANTS]) for name in names]
         print()
         print(side_by_side(rows, list(VARIANTS)))
+
+        if args.reports is not None:
+            args.reports.mkdir(parents=True, exist_ok=True)
+            print()
+            for variant, job in jobs.items():
+                page = client.jobs.report(
+                    job.id, format="html", to=args.reports / f"{variant}.html"
+                )
+                print(f"{variant:>18}: report {page}")
+            ids = " ".join(job.id for job in jobs.values())
+            print("evaluate both (humanline evals create --job ID ...), then compare them with:")
+            print(f"  humanline reports compare {ids} --html comparison.html")
         return 0 if all(j.status == "succeeded" for j in jobs.values()) else 1
 
 

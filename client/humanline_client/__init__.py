@@ -6,6 +6,10 @@ variants).
     for job in client.jobs.list(status="running"):
         print(job.id, job.current_step)
 
+    ev = client.evaluations.create(job_id="job-...", file_id="file-...", kind="math")
+    print(client.evaluations.wait(ev.id).metrics["pass_at_1"])
+    client.jobs.report("job-...", format="html", to="report.html")
+
 The command-line tool is `humanline` (pip install 'humanline-client[cli]'); the service's
 own admin/serve commands are `humanline-server`, shipped with the service, not here.
 """
@@ -20,6 +24,7 @@ from ._exceptions import (
     AuthenticationError,
     BadRequestError,
     ConflictError,
+    EvaluationWaitTimeout,
     HumanlineError,
     InternalServerError,
     JobWaitTimeout,
@@ -32,7 +37,20 @@ from ._exceptions import (
 from ._streaming import AsyncJobEventStream, JobEventStream
 from ._version import __version__
 from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator
-from .types import Checkpoint, FileDeleted, FileObject, Job, JobEvent, Metric
+from .types import (
+    Checkpoint,
+    Comparison,
+    ComparisonRow,
+    ComparisonTest,
+    Evaluation,
+    EvaluationReport,
+    FileDeleted,
+    FileObject,
+    Job,
+    JobEvent,
+    JobReport,
+    Metric,
+)
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",
@@ -50,8 +68,14 @@ __all__ = [
     "BadRequestError",
     "Checkpoint",
     "Client",
+    "Comparison",
+    "ComparisonRow",
+    "ComparisonTest",
     "ConflictError",
     "CursorPage",
+    "Evaluation",
+    "EvaluationReport",
+    "EvaluationWaitTimeout",
     "FileDeleted",
     # objects
     "FileObject",
@@ -61,6 +85,7 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobEventStream",
+    "JobReport",
     "JobWaitTimeout",
     "Metric",
     "NotFoundError",

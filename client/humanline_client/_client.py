@@ -15,7 +15,16 @@ from ._base_client import (
     SyncAPIClient,
     TimeoutTypes,
 )
-from .resources import AsyncFiles, AsyncJobs, Files, Jobs
+from .resources import (
+    AsyncEvaluations,
+    AsyncFiles,
+    AsyncJobs,
+    AsyncReports,
+    Evaluations,
+    Files,
+    Jobs,
+    Reports,
+)
 
 __all__ = ["AsyncClient", "Client"]
 
@@ -28,6 +37,8 @@ class Client(SyncAPIClient):
         job = client.jobs.create(base_model="smollm2-135m-instruct", training_file=f.id,
                                  objective="dpo", variant="offline+humanline")
         job = client.jobs.wait(job.id)
+        ev = client.evaluations.create(job_id=job.id, file_id=eval_file_id, kind="math")
+        ev = client.evaluations.wait(ev.id)
 
     base_url: the server root (default $HUMANLINE_BASE_URL, else http://127.0.0.1:8000);
     a trailing /v1 is accepted. api_key: default $HUMANLINE_API_KEY. timeout: seconds or an
@@ -38,6 +49,8 @@ class Client(SyncAPIClient):
 
     files: Files
     jobs: Jobs
+    evaluations: Evaluations
+    reports: Reports
 
     def __init__(
         self,
@@ -59,6 +72,8 @@ class Client(SyncAPIClient):
         )
         self.files = Files(self)
         self.jobs = Jobs(self)
+        self.evaluations = Evaluations(self)
+        self.reports = Reports(self)
 
     def with_options(
         self,
@@ -85,6 +100,8 @@ class AsyncClient(AsyncAPIClient):
 
     files: AsyncFiles
     jobs: AsyncJobs
+    evaluations: AsyncEvaluations
+    reports: AsyncReports
 
     def __init__(
         self,
@@ -106,6 +123,8 @@ class AsyncClient(AsyncAPIClient):
         )
         self.files = AsyncFiles(self)
         self.jobs = AsyncJobs(self)
+        self.evaluations = AsyncEvaluations(self)
+        self.reports = AsyncReports(self)
 
     def with_options(
         self,

@@ -14,7 +14,8 @@
     │   │   └── InternalServerError         5xx
     │   └── APIConnectionError        (no response: refused, reset, DNS, ...)
     │       └── APITimeoutError
-    └── JobWaitTimeout               (jobs.wait gave up; the job goes on)
+    ├── JobWaitTimeout               (jobs.wait gave up; the job goes on)
+    └── EvaluationWaitTimeout        (evaluations.wait gave up; the evaluation goes on)
 
 `request_id` is the server's X-Request-ID for the failed attempt; the SDK sends its own id with
 every attempt, so even a timeout or a dropped connection names the id to look for in the
@@ -35,6 +36,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConflictError",
+    "EvaluationWaitTimeout",
     "HumanlineError",
     "InternalServerError",
     "JobWaitTimeout",
@@ -185,6 +187,15 @@ class JobWaitTimeout(HumanlineError, TimeoutError):
     def __init__(self, message: str, *, job: Any = None) -> None:
         super().__init__(message)
         self.job = job
+
+
+class EvaluationWaitTimeout(HumanlineError, TimeoutError):
+    """`evaluations.wait(timeout=...)` ran out of time; the evaluation itself keeps going.
+    `evaluation` is its last known state."""
+
+    def __init__(self, message: str, *, evaluation: Any = None) -> None:
+        super().__init__(message)
+        self.evaluation = evaluation
 
 
 _BY_STATUS = {

@@ -1,8 +1,10 @@
-"""Base classes of the resource namespaces (`client.files`, `client.jobs`)."""
+"""Base classes of the resource namespaces (`client.files`, `client.jobs`, ...)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 from urllib.parse import quote
 
 from ._base_client import RequestOptions
@@ -38,6 +40,32 @@ def path_id(value: str, what: str) -> str:
     return quote(value, safe="")
 
 
+PathLike = Union[str, "os.PathLike[str]"]
+_ACCEPT = {"json": "application/json", "html": "text/html"}
+
+
+def report_options(path: str, format: str, params: Optional[Params] = None) -> RequestOptions:
+    """GET a report in `format` ("json" or "html"; the server checks it: 422 on `format`)."""
+    if not isinstance(format, str) or not format:
+        raise ValueError(f"expected a report format such as 'json' or 'html', got {format!r}")
+    return RequestOptions(
+        "GET",
+        path,
+        params={**(params or {}), "format": format},
+        headers={"Accept": _ACCEPT.get(format, "*/*")},
+    )
+
+
+def report_result(client: Any, response: Any, format: str, model: type[Any]) -> Any:
+    """A report answered in memory: the typed model for JSON, the page (str) for HTML, the
+    bytes for a format this SDK version does not know."""
+    if format == "json":
+        return client._parse(response, model)
+    if format == "html":
+        return response.text
+    return response.content
+
+
 class SyncAPIResource:
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -56,6 +84,13 @@ class SyncAPIResource:
             )
 
         return SyncPaginator(fetch, params)
+
+    def _report(
+        self, opts: RequestOptions, format: str, model: type[Any], to: Optional[PathLike]
+    ) -> Any:
+        if to is not None:  # streamed into the file (via `to.part`), whatever the format
+            return Path(self._client._download(opts, to))
+        return report_result(self._client, self._client.request(opts), format, model)
 
 
 class AsyncAPIResource:
@@ -76,3 +111,10 @@ class AsyncAPIResource:
             )
 
         return AsyncPaginator(fetch, params)
+
+    async def _report(
+        self, opts: RequestOptions, format: str, model: type[Any], to: Optional[PathLike]
+    ) -> Any:
+        if to is not None:
+            return Path(await self._client._download(opts, to))
+        return report_result(self._client, await self._client.request(opts), format, model)

@@ -1,9 +1,12 @@
-"""`humanline`: the user-side command line of the Humanline service (files and jobs).
+"""`humanline`: the user-side command line of the Humanline service (files, jobs,
+evaluations and reports).
 
     humanline files upload prefs.jsonl
     humanline jobs create --objective dpo --variant offline+humanline \
         --model smollm2-135m-instruct --file file-... --set optim.lr=1e-6 --wait
     humanline jobs list --status running --json
+    humanline evals create --job job-... --file math.jsonl --kind math --wait
+    humanline jobs report job-... --html report.html --open
 
 Tables for people, `--json` for scripts. Configuration: --base-url/--api-key or
 HUMANLINE_BASE_URL/HUMANLINE_API_KEY. Server-side commands (migrate, create-team, create-key,
@@ -14,7 +17,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import tempfile
+import webbrowser
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional, TypeVar
@@ -22,6 +28,7 @@ from typing import Annotated, Any, Callable, Optional, TypeVar
 try:
     import typer
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise SystemExit(
@@ -31,15 +38,16 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from ._client import Client
 from ._exceptions import APIStatusError, HumanlineError
 from ._version import __version__
-from .types import BaseModel, Job, JobEvent
+from .types import BaseModel, Comparison, Evaluation, Job, JobEvent, JobReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
     name="humanline",
     help=(
-        "Humanline command line: upload training data and run DPO, KTO and GRPO jobs "
-        "(offline or online, with or without humanline) on a Humanline server.\n\n"
+        "Humanline command line: upload training data, run DPO, KTO and GRPO jobs "
+        "(offline or online, with or without humanline) on a Humanline server, evaluate "
+        "them and fetch their reports.\n\n"
         "Configure with --base-url/--api-key or HUMANLINE_BASE_URL/HUMANLINE_API_KEY. "
         "Add --json to any command for machine-readable output.\n\n"
         "Server-side commands (migrate, create-team, create-key, serve) are in the "
@@ -53,10 +61,27 @@ files_app = typer.Typer(help="Upload, list, show, download and delete files.", n
 jobs_app = typer.Typer(
     help="Create, list, show, follow and cancel training jobs.", no_args_is_help=True
 )
+evals_app = typer.Typer(
+    help="Create, list, show and wait for evaluations; fetch their reports.",
+    no_args_is_help=True,
+)
+reports_app = typer.Typer(help="Reports across jobs.", no_args_is_help=True)
 app.add_typer(files_app, name="files")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(evals_app, name="evals")
+app.add_typer(reports_app, name="reports")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")]
+HtmlOpt = Annotated[
+    Optional[Path],
+    typer.Option("--html", help="Save the HTML page to this file.", dir_okay=False),
+]
+OpenOpt = Annotated[
+    bool,
+    typer.Option(
+        "--open", help="Open the HTML page in a browser (from a temporary file without --html)."
+    ),
+]
 
 
 class _Config:
@@ -627,6 +652,452 @@ def jobs_download(
     dest = output or Path(Path(file).name)
     _client(ctx).jobs.download_checkpoint(job_id, step=step, file=file, to=dest)
     _err().print(f"wrote {dest}")
+
+
+@jobs_app.command("report")
+@_handles_errors
+def jobs_report(
+    ctx: typer.Context,
+    job_id: str,
+    html: HtmlOpt = None,
+    open_: OpenOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A job's report: training curves, data quality, evaluations, manifest.
+
+    --json prints all of it; --html FILE saves the HTML page, --open shows it in a browser."""
+    client = _client(ctx)
+    if html is not None or open_:
+        _save_html(lambda to: client.jobs.report(job_id, format="html", to=to), html, open_, job_id)
+        if not as_json:
+            return None
+    report = client.jobs.report(job_id)
+    if as_json:
+        return _print_json(report)
+    _show_job_report(report)
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+def _save_html(fetch: Callable[[Path], Any], path: Optional[Path], open_: bool, name: str) -> Path:
+    """Download a report page to `path` (a temporary file when only --open asks for it) and
+    open it in a browser when asked."""
+    if path is None:
+        fd, tmp = tempfile.mkstemp(prefix=f"{name}-", suffix=".html")
+        os.close(fd)
+        path = Path(tmp)
+    dest = Path(fetch(path))
+    _err().print(f"wrote {dest}", markup=False)
+    if open_ and not webbrowser.open(dest.resolve().as_uri()):
+        _err().print(f"could not open a browser; the page is {dest}", markup=False)
+    return dest
+
+
+def _metric(value: Any) -> str:
+    """A metric as stored: {"value", "se", "n"} → "0.41 ± 0.017 (n=100)", numbers as they are."""
+    if isinstance(value, dict) and "value" in value:
+        text = _fmt(value.get("value"))
+        if isinstance(value.get("se"), (int, float)):
+            text += f" ± {_fmt(value['se'])}"
+        if value.get("n"):
+            text += f" (n={value['n']})"
+        return text
+    return _fmt(value)
+
+
+HEADLINE = {"instruction": "lc_win_rate", "math": "pass_at_1"}
+
+
+def _headline(kind: Any, metrics: Any) -> str:
+    name = HEADLINE.get(str(kind), "")
+    value = (metrics or {}).get(name) if isinstance(metrics, dict) else None
+    return f"{name} {_metric(value)}" if value is not None else "-"
+
+
+def _target(ev: Any) -> str:
+    """What an evaluation evaluates: `job-... (final)`, `job-... step 5`, `base MODEL`."""
+    job_id, step, base = (
+        (ev.get("job_id"), ev.get("step"), ev.get("base_model"))
+        if isinstance(ev, dict)
+        else (ev.job_id, ev.step, ev.base_model)
+    )
+    if job_id is None:
+        return f"base {base}"
+    return f"{job_id} (final)" if step is None else f"{job_id} step {step}"
+
+
+def _show_job_report(report: JobReport) -> None:
+    job = report.job
+    out = _out()
+    out.print(
+        f"{job.get('id')}  {job.get('status')}  {job.get('objective')} {job.get('variant')} "
+        f"{job.get('base_model')}",
+        markup=False,
+    )
+    training = report.training
+    out.print(
+        f"steps logged: {training.get('steps_logged', 0)} (last {_fmt(training.get('last_step'))})",
+        markup=False,
+    )
+    final = training.get("final") or {}
+    if final:
+        out.print(
+            _table(["METRIC", "LAST VALUE"], [[k, _fmt(v)] for k, v in sorted(final.items())])
+        )
+    manifest = report.manifest
+    tf = manifest.get("training_file") or {}
+    out.print(
+        f"seed {_fmt(manifest.get('seed'))}, code {_fmt(manifest.get('code_version'))}, "
+        f"training data sha256 {_fmt(tf.get('sha256'))}",
+        markup=False,
+    )
+    dq = report.data_quality or {}
+    if dq.get("n"):
+        out.print(
+            f"data quality: mean token log-prob {_fmt(dq.get('mean'))} over {dq['n']} examples",
+            markup=False,
+        )
+    if report.evaluations:
+        rows = [
+            [
+                e.get("id"),
+                e.get("kind"),
+                e.get("status"),
+                _target(e),
+                _headline(e.get("kind"), e.get("metrics")),
+            ]
+            for e in report.evaluations
+        ]
+        out.print(_table(["EVALUATION", "KIND", "STATUS", "MODEL", "RESULT"], rows))
+    else:
+        out.print("no evaluations yet (humanline evals create --job ...)", markup=False)
+    for warning in report.warnings:
+        _err().print(f"[yellow]warning:[/yellow] {escape(str(warning))}")
+
+
+def _show_comparison(doc: Comparison) -> None:
+    out = _out()
+    rows = [
+        [
+            r.job_id,
+            r.objective,
+            r.variant,
+            _metric({"value": r.value, "se": r.se, "n": r.n}) if r.value is not None else "-",
+            r.evaluation_id,
+            ("final" if r.step is None else r.step) if r.evaluation_id else None,
+        ]
+        for r in doc.rows
+    ]
+    out.print(
+        _table(["JOB", "OBJECTIVE", "VARIANT", doc.metric.upper(), "EVALUATION", "MODEL"], rows)
+    )
+    for t in doc.tests:
+        out.print(
+            f"{t.objective}: {t.a} - {t.b} = {_fmt(t.difference)} "
+            f"(p = {_fmt(t.p_value)}, Holm {_fmt(t.p_holm)})",
+            markup=False,
+        )
+    for warning in doc.warnings:
+        _err().print(f"[yellow]warning:[/yellow] {escape(str(warning))}")
+
+
+@reports_app.command("compare")
+@_handles_errors
+def reports_compare(
+    ctx: typer.Context,
+    jobs: Annotated[list[str], typer.Argument(help="Job ids (or one comma-separated list).")],
+    metric: Annotated[
+        Optional[str],
+        typer.Option(help="lc_win_rate (default), win_rate, pass_at_1, pass_at_n, ..."),
+    ] = None,
+    file_id: Annotated[
+        Optional[str], typer.Option("--file-id", help="Only evaluations on this eval file.")
+    ] = None,
+    html: HtmlOpt = None,
+    open_: OpenOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare jobs on an evaluation metric (the paper's Figure 1).
+
+    One row per job (its newest succeeded evaluation reporting the metric), and z-tests of
+    offline+humanline vs offline and online vs offline+humanline per objective. --html FILE
+    saves the page with the bar chart, --open shows it in a browser."""
+    client = _client(ctx)
+    ids = [j for item in jobs for j in item.split(",") if j.strip()]
+    if html is not None or open_:
+        _save_html(
+            lambda to: client.reports.compare(
+                jobs=ids, format="html", metric=metric, file_id=file_id, to=to
+            ),
+            html,
+            open_,
+            "comparison",
+        )
+        if not as_json:
+            return None
+    doc = client.reports.compare(jobs=ids, metric=metric, file_id=file_id)
+    if as_json:
+        return _print_json(doc)
+    _show_comparison(doc)
+
+
+# --- evaluations ------------------------------------------------------------------------------
+
+
+def _eval_rows(evals: Iterable[Evaluation]) -> list[list[Any]]:
+    return [
+        [
+            e.id,
+            e.status,
+            e.kind,
+            _target(e),
+            _headline(e.kind, e.metrics),
+            _when(e.created_at),
+        ]
+        for e in evals
+    ]
+
+
+EVAL_COLUMNS = ["ID", "STATUS", "KIND", "MODEL", "RESULT", "CREATED"]
+
+
+def _show_eval(ev: Evaluation) -> None:
+    config = ev.config or {}
+    judge = config.get("judge") or {}
+    rows: list[list[Any]] = [
+        ["id", ev.id],
+        ["status", ev.status],
+        ["kind", ev.kind],
+        ["model", _target(ev)],
+        ["file", ev.file_id],
+    ]
+    if judge:
+        rows.append(
+            [
+                "judge",
+                " ".join(str(judge[k]) for k in ("type", "base_url", "model") if judge.get(k)),
+            ]
+        )
+    if config.get("generation"):
+        rows.append(["generation", json.dumps(config["generation"])])
+    progress = (ev.result or {}).get("progress")
+    if progress and not ev.is_terminal:
+        rows.append(
+            ["progress", f"{progress.get('phase')} {progress.get('done')}/{progress.get('total')}"]
+        )
+    for name, value in ev.metrics.items():
+        rows.append([name, _metric(value)])
+    rows += [["created", _when(ev.created_at)], ["finished", _when(ev.finished_at)]]
+    if ev.error:
+        rows.append(["error", ev.error.get("message", json.dumps(ev.error))])
+    _out().print(_table(["FIELD", "VALUE"], rows))
+
+
+def _wait_for_eval(
+    client: Client, eval_id: str, as_json: bool, timeout: Optional[float], poll_interval: float
+) -> None:
+    def note(ev: Evaluation) -> None:
+        progress = (ev.result or {}).get("progress") or {}
+        where = (
+            f" ({progress.get('phase')} {progress.get('done')}/{progress.get('total')})"
+            if progress and not ev.is_terminal
+            else ""
+        )
+        _err().print(f"{ev.id} {ev.status}{where}", markup=False)
+
+    ev = client.evaluations.wait(
+        eval_id,
+        timeout=timeout,
+        poll_interval=poll_interval,
+        on_update=None if as_json else note,
+    )
+    if as_json:
+        _print_json(ev)
+    else:
+        _out().print(f"{ev.id} {ev.status}: {_headline(ev.kind, ev.metrics)}", markup=False)
+        if ev.error:
+            _err().print(f"[red]{escape(str(ev.error.get('message', ev.error)))}[/red]")
+    if ev.status != "succeeded":
+        raise typer.Exit(1)
+
+
+@evals_app.command("create")
+@_handles_errors
+def evals_create(
+    ctx: typer.Context,
+    file: Annotated[
+        Optional[str],
+        typer.Option("--file", help="Eval file id, or a local JSONL path (uploaded first)."),
+    ] = None,
+    kind: Annotated[Optional[str], typer.Option(help="instruction or math.")] = None,
+    job: Annotated[
+        Optional[str], typer.Option("--job", help="Evaluate this job (its final model).")
+    ] = None,
+    step: Annotated[Optional[int], typer.Option(help="...or its checkpoint at this step.")] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", help="...or this base model instead of a job.")
+    ] = None,
+    judge_url: Annotated[
+        Optional[str],
+        typer.Option(help="Instruction: an OpenAI-compatible judge endpoint the server allows."),
+    ] = None,
+    judge_model: Annotated[
+        Optional[str], typer.Option(help="Instruction: the judge's model at --judge-url.")
+    ] = None,
+    reward_model: Annotated[
+        Optional[str],
+        typer.Option(help="Instruction: judge with this configured reward model instead."),
+    ] = None,
+    max_items: Annotated[
+        Optional[int], typer.Option(help="Evaluate only the first N items.")
+    ] = None,
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            help="Any other field as key=value, dotted for nested fields; values are JSON "
+            "when they parse: --set generation.n=8 --set prompt_template='Q: {problem}'",
+        ),
+    ] = None,
+    spec: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--spec", help="A JSON request to start from (options override it).", exists=True
+        ),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for it to finish.")] = False,
+    poll_interval: Annotated[float, typer.Option(help="With --wait: seconds between polls.")] = 2.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a job or a base model on an eval file.
+
+    --job evaluates the job's final model, --job with --step one of its checkpoints, --model
+    a base model. Instruction evaluations need a judge (--judge-url and --judge-model, or
+    --reward-model); --file may be a local JSONL path (uploaded with purpose eval)."""
+    client = _client(ctx)
+    body: dict[str, Any] = json.loads(spec.read_text()) if spec else {}
+    for key, value in (
+        ("kind", kind),
+        ("job_id", job),
+        ("step", step),
+        ("base_model", model),
+        ("max_items", max_items),
+        ("file_id", file),
+    ):
+        if value is not None:
+            body[key] = value
+    if reward_model:
+        body["judge"] = {"type": "reward_model", "model": reward_model}
+    elif judge_url or judge_model:
+        body["judge"] = {"type": "openai", "base_url": judge_url, "model": judge_model}
+    body = _apply_sets(body, set_ or [])
+    file_id = body.get("file_id")
+    if isinstance(file_id, str) and Path(file_id).is_file():
+        uploaded = client.files.upload(file=Path(file_id), purpose="eval")
+        _err().print(f"uploaded {file_id} as {uploaded.id}")
+        body["file_id"] = uploaded.id
+    missing = [name for name in ("file_id", "kind") if not body.get(name)]
+    if missing:
+        flags = {"file_id": "--file", "kind": "--kind"}
+        raise typer.BadParameter("missing " + ", ".join(flags[m] for m in missing))
+    ev = client.evaluations.create(
+        file_id=body.pop("file_id"), kind=body.pop("kind"), extra_body=body
+    )
+    if wait:
+        if not as_json:
+            _out().print(f"created {ev.id}; waiting for it to finish")
+        return _wait_for_eval(client, ev.id, as_json, None, poll_interval)
+    if as_json:
+        return _print_json(ev)
+    _out().print(
+        f"created {ev.id} ({ev.kind}, {_target(ev)}): {ev.status}\n"
+        f"follow it with: humanline evals wait {ev.id}",
+        markup=False,
+    )
+
+
+@evals_app.command("list")
+@_handles_errors
+def evals_list(
+    ctx: typer.Context,
+    job: Annotated[Optional[str], typer.Option("--job", help="Only this job's.")] = None,
+    status: Annotated[Optional[str], typer.Option(help="Only in this status.")] = None,
+    kind: Annotated[Optional[str], typer.Option(help="instruction or math.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many (newest first).")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """List evaluations, newest first."""
+    page_size = min(max(limit, 1), 100)
+    listing = _client(ctx).evaluations.list(job_id=job, status=status, kind=kind, limit=page_size)
+    evals = list(_take(listing, limit))
+    if as_json:
+        return _print_json(evals)
+    _out().print(_table(EVAL_COLUMNS, _eval_rows(evals), id_width=len(evals[0].id) if evals else 0))
+
+
+@evals_app.command("show")
+@_handles_errors
+def evals_show(ctx: typer.Context, eval_id: str, as_json: JsonOpt = False) -> None:
+    """Show one evaluation (its metrics once it succeeded)."""
+    ev = _client(ctx).evaluations.retrieve(eval_id)
+    if as_json:
+        return _print_json(ev)
+    _show_eval(ev)
+
+
+@evals_app.command("wait")
+@_handles_errors
+def evals_wait(
+    ctx: typer.Context,
+    eval_id: str,
+    timeout: Annotated[
+        Optional[float], typer.Option(help="Give up after this many seconds.")
+    ] = None,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 2.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Wait for an evaluation to finish; exit 1 unless it succeeded."""
+    _wait_for_eval(_client(ctx), eval_id, as_json, timeout, poll_interval)
+
+
+@evals_app.command("report")
+@_handles_errors
+def evals_report(
+    ctx: typer.Context,
+    eval_id: str,
+    html: HtmlOpt = None,
+    open_: OpenOpt = False,
+    output: Annotated[
+        Optional[Path],
+        typer.Option("-o", "--output", help="Save the JSON report (every item) to this file."),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A succeeded evaluation's report: metrics and every item's answers and verdicts.
+
+    --json prints all of it, -o FILE saves it; --html FILE saves the HTML page, --open shows
+    it in a browser."""
+    client = _client(ctx)
+    if html is not None or open_:
+        _save_html(
+            lambda to: client.evaluations.report(eval_id, format="html", to=to),
+            html,
+            open_,
+            eval_id,
+        )
+    if output is not None:
+        client.evaluations.report(eval_id, to=output)
+        _err().print(f"wrote {output}", markup=False)
+    if (html is not None or open_ or output is not None) and not as_json:
+        return None
+    report = client.evaluations.report(eval_id)
+    if as_json:
+        return _print_json(report)
+    out = _out()
+    rows = [[name, _metric(value)] for name, value in report.metrics.items()]
+    out.print(_table(["METRIC", "VALUE"], rows))
+    out.print(f"{len(report.items)} items (--json or -o FILE for each one)", markup=False)
 
 
 def main() -> None:

@@ -20,21 +20,36 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Literal, TypedDict  # type: ignore[assignment]
 
 __all__ = [
+    "EVALUATION_TERMINAL_STATUSES",
     "TERMINAL_STATUSES",
     "AdapterParams",
     "BaseModel",
     "Checkpoint",
+    "CompareMetric",
+    "Comparison",
+    "ComparisonRow",
+    "ComparisonTest",
+    "Evaluation",
+    "EvaluationKind",
+    "EvaluationReport",
+    "EvaluationStatus",
     "FileDeleted",
     "FileObject",
     "FilePurpose",
+    "GenerationParams",
     "HumanlineParams",
     "Job",
     "JobEvent",
+    "JobReport",
     "JobStatus",
+    "JudgeParams",
     "Metric",
     "Objective",
     "ObjectiveParams",
+    "OpenAIJudgeParams",
     "OptimParams",
+    "ReportFormat",
+    "RewardModelJudgeParams",
     "Variant",
 ]
 
@@ -46,6 +61,13 @@ FilePurpose = Literal["train", "eval"]
 FileStatus = Literal["uploaded", "processed", "error"]
 Objective = Literal["dpo", "kto", "grpo"]
 Variant = Literal["offline", "online", "offline+humanline", "online+humanline"]
+EvaluationStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+EVALUATION_TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+EvaluationKind = Literal["instruction", "math"]
+ReportFormat = Literal["json", "html"]
+CompareMetric = Literal[
+    "lc_win_rate", "win_rate", "avg_length", "pass_at_1", "pass_at_n", "format_rate", "boxed_rate"
+]
 
 
 class BaseModel(_PydanticBaseModel):
@@ -141,6 +163,111 @@ class Checkpoint(BaseModel):
     created_at: Optional[datetime] = None
 
 
+class Evaluation(BaseModel):
+    """An evaluation of a job's final model, one of its checkpoints (`step`), or a base model,
+    on an eval file. `status` moves queued → running → succeeded | failed. `result` holds the
+    summary (`result["metrics"]["lc_win_rate"] == {"value": .., "se": .., "n": ..}`; while
+    running, `result["progress"]`); the per-item records are in `evaluations.report(id)`."""
+
+    id: str
+    object: str = "evaluation"
+    status: Union[EvaluationStatus, str]
+    kind: Union[EvaluationKind, str] = ""
+    job_id: Optional[str] = None
+    step: Optional[int] = None
+    base_model: Optional[str] = None
+    file_id: Optional[str] = None
+    config: dict[str, Any] = {}
+    result: Optional[dict[str, Any]] = None
+    error: Optional[dict[str, Any]] = None
+    created_at: Optional[datetime] = None
+    updated_at: Optional[datetime] = None
+    finished_at: Optional[datetime] = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the evaluation can no longer change (succeeded, failed or cancelled)."""
+        return self.status in EVALUATION_TERMINAL_STATUSES
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """`result["metrics"]` ({} until it succeeded)."""
+        metrics = (self.result or {}).get("metrics")
+        return metrics if isinstance(metrics, dict) else {}
+
+
+class EvaluationReport(BaseModel):
+    """The full result of an evaluation (`evaluations.report(id)`): its metrics and every
+    item's prompt, answers and verdicts (`items`), plus what else the evaluator recorded
+    (`lc_fit`, `breakdown`, `judge`, `generation`, `timing`, `model`, `data`...)."""
+
+    kind: Optional[Union[EvaluationKind, str]] = None
+    metrics: dict[str, Any] = {}
+    items: list[Any] = []
+
+
+class JobReport(BaseModel):
+    """`jobs.report(id)`: the job (`job`), its training curves (`training["series"][name]` =
+    {"steps": [...], "values": [...]}, `training["final"]`), the data-quality histogram, its
+    evaluations (summaries), warnings, and the manifest (spec, seed, training data sha256,
+    code version, wall-clock per phase). Built on request: current while the job runs."""
+
+    object: str = "report"
+    job: dict[str, Any] = {}
+    manifest: dict[str, Any] = {}
+    training: dict[str, Any] = {}
+    data_quality: Optional[dict[str, Any]] = None
+    evaluations: list[dict[str, Any]] = []
+    warnings: list[str] = []
+
+
+class ComparisonRow(BaseModel):
+    """One job of a comparison and the value of `metric` from its chosen evaluation (the
+    newest succeeded one, final model first; `value` is None when it has none)."""
+
+    job_id: str
+    objective: Optional[Union[Objective, str]] = None
+    variant: Optional[Union[Variant, str]] = None
+    metadata: dict[str, Any] = {}
+    evaluation_id: Optional[str] = None
+    file_id: Optional[str] = None
+    step: Optional[int] = None
+    value: Optional[float] = None
+    se: Optional[float] = None
+    n: Optional[int] = None
+
+
+class ComparisonTest(BaseModel):
+    """A z-test of variant `a` against `b` for one objective (`p_holm`: Holm-Bonferroni
+    adjusted across the comparison's tests)."""
+
+    objective: Optional[str] = None
+    a: str
+    b: str
+    job_a: Optional[str] = None
+    job_b: Optional[str] = None
+    difference: Optional[float] = None
+    p_value: Optional[float] = None
+    p_holm: Optional[float] = None
+
+
+class Comparison(BaseModel):
+    """`reports.compare(jobs=[...])`: one row per job, in the order given, the paper's
+    claims tested per objective, and warnings (a job without a usable evaluation, jobs
+    evaluated on different files)."""
+
+    object: str = "comparison"
+    metric: Union[CompareMetric, str] = "lc_win_rate"
+    file_id: Optional[str] = None
+    rows: list[ComparisonRow] = []
+    tests: list[ComparisonTest] = []
+    warnings: list[str] = []
+
+    def row(self, job_id: str) -> Optional[ComparisonRow]:
+        """The row of one job, or None."""
+        return next((r for r in self.rows if r.job_id == job_id), None)
+
+
 # --- request parameter shapes (all keys optional; the server fills in the paper's defaults) --
 
 
@@ -183,3 +310,33 @@ class AdapterParams(TypedDict, total=False):
     alpha: float
     dropout: float
     target_modules: list[str]
+
+
+class OpenAIJudgeParams(TypedDict, total=False):
+    """An OpenAI-compatible endpoint the operator allows (EVAL_JUDGE_BASE_URLS); the server
+    uses its own API key for it."""
+
+    type: Literal["openai"]
+    base_url: str
+    model: str
+
+
+class RewardModelJudgeParams(TypedDict, total=False):
+    """A reward model by the name the operator configured (EVAL_REWARD_MODELS)."""
+
+    type: Literal["reward_model"]
+    model: str
+
+
+JudgeParams = Union[OpenAIJudgeParams, RewardModelJudgeParams]
+
+
+class GenerationParams(TypedDict, total=False):
+    """Sampling; unset keys take the kind's defaults (instruction: one greedy answer of up to
+    512 tokens; math: n=4 at temperature 0.7, top-p 0.95, 1024 tokens)."""
+
+    n: int  # math only
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int

@@ -1,4 +1,15 @@
+from .evaluations import AsyncEvaluations, Evaluations
 from .files import AsyncFiles, Files
 from .jobs import AsyncJobs, Jobs
+from .reports import AsyncReports, Reports
 
-__all__ = ["AsyncFiles", "AsyncJobs", "Files", "Jobs"]
+__all__ = [
+    "AsyncEvaluations",
+    "AsyncFiles",
+    "AsyncJobs",
+    "AsyncReports",
+    "Evaluations",
+    "Files",
+    "Jobs",
+    "Reports",
+]

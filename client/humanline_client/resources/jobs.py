@@ -1,5 +1,5 @@
 """`client.jobs`: create, list, retrieve, cancel, events, metrics, checkpoints,
-download_checkpoint, stream_events, wait."""
+download_checkpoint, stream_events, wait, report."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, overload
 
 import anyio
+
+try:
+    from typing import Literal
+except ImportError:  # pragma: no cover
+    from typing_extensions import Literal  # type: ignore[assignment]
 
 from .._base_client import NOT_GIVEN, RequestOptions
 from .._exceptions import JobWaitTimeout
 from .._progress import ProgressDisplay, make_progress
-from .._resource import AsyncAPIResource, SyncAPIResource, path_id
+from .._resource import AsyncAPIResource, SyncAPIResource, path_id, report_options
 from .._streaming import DEFAULT_MAX_RECONNECTS, AsyncJobEventStream, JobEventStream
 from ..pagination import AsyncPaginator, SyncPaginator
 from ..types import (
@@ -25,11 +30,13 @@ from ..types import (
     HumanlineParams,
     Job,
     JobEvent,
+    JobReport,
     JobStatus,
     Metric,
     Objective,
     ObjectiveParams,
     OptimParams,
+    ReportFormat,
     Variant,
 )
 
@@ -70,6 +77,10 @@ def _list_params(
     for key, value in (metadata or {}).items():
         params[f"metadata[{key}]"] = value
     return params
+
+
+def _report_path(job_id: str) -> str:
+    return f"/v1/jobs/{path_id(job_id, 'job')}/report"
 
 
 def _after_last_step(page: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -261,6 +272,30 @@ class Jobs(SyncAPIResource):
             headers={"Accept": "*/*"},
         )
         return self._client._download(opts, to)
+
+    @overload
+    def report(
+        self, job_id: str, *, format: Literal["json"] = ..., to: None = ...
+    ) -> JobReport: ...
+    @overload
+    def report(self, job_id: str, *, format: Literal["html"], to: None = ...) -> str: ...
+    @overload
+    def report(
+        self, job_id: str, *, format: Union[ReportFormat, str] = ..., to: PathLike
+    ) -> Path: ...
+    def report(
+        self,
+        job_id: str,
+        *,
+        format: Union[ReportFormat, str] = "json",
+        to: Optional[PathLike] = None,
+    ) -> Union[JobReport, str, Path]:
+        """The job's report, built on request (current while it runs): training curves, the
+        data-quality histogram, its evaluations and the manifest (spec, data sha256, code
+        version, seed, wall-clock per phase). A JobReport (`format="json"`), the
+        self-contained HTML page as a str (`format="html"`), or with `to=` written to that
+        file and its Path returned."""
+        return self._report(report_options(_report_path(job_id), format), format, JobReport, to)
 
     def stream_events(
         self, job_id: str, *, after: int = 0, max_reconnects: int = DEFAULT_MAX_RECONNECTS
@@ -475,6 +510,27 @@ class AsyncJobs(AsyncAPIResource):
             headers={"Accept": "*/*"},
         )
         return await self._client._download(opts, to)
+
+    @overload
+    async def report(
+        self, job_id: str, *, format: Literal["json"] = ..., to: None = ...
+    ) -> JobReport: ...
+    @overload
+    async def report(self, job_id: str, *, format: Literal["html"], to: None = ...) -> str: ...
+    @overload
+    async def report(
+        self, job_id: str, *, format: Union[ReportFormat, str] = ..., to: PathLike
+    ) -> Path: ...
+    async def report(
+        self,
+        job_id: str,
+        *,
+        format: Union[ReportFormat, str] = "json",
+        to: Optional[PathLike] = None,
+    ) -> Union[JobReport, str, Path]:
+        """See Jobs.report."""
+        opts = report_options(_report_path(job_id), format)
+        return await self._report(opts, format, JobReport, to)
 
     def stream_events(
         self, job_id: str, *, after: int = 0, max_reconnects: int = DEFAULT_MAX_RECONNECTS
