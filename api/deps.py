@@ -7,20 +7,24 @@ tests inject their own store and queue there.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Protocol, runtime_checkable
 
+import anyio
+from anyio import CapacityLimiter
 from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 
 from api.errors import api_error
 from api.ratelimit import AuthFailureLimiter
@@ -102,32 +106,107 @@ def enqueue_after_commit(queue: JobQueue, job_id: str) -> None:
 
 
 # --- plain state ----------------------------------------------------------------------------
+#
+# Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in a
+# worker thread, and each such hop (two thread switches, a wake-up of the event loop) costs
+# more than the function itself. Only what talks to the database runs in threads.
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.session_factory() as session:
-        yield session
+def pool_capacity(factory: sessionmaker[Session]) -> int | None:
+    """How many connections the sessions' engine can hand out at once (None: no bound)."""
+    pool = getattr(factory.kw.get("bind"), "pool", None)
+    if not isinstance(pool, QueuePool):
+        return None
+    overflow = getattr(pool, "_max_overflow", 0)
+    return None if overflow < 0 else pool.size() + overflow
 
 
-def get_store(request: Request) -> ObjectStore:
+class DbSlot:
+    """A request's permission to use a pooled connection (see get_session)."""
+
+    def __init__(self, semaphore: asyncio.Semaphore | None):
+        self._semaphore = semaphore
+        self.held = False
+
+    async def acquire(self) -> None:
+        if self._semaphore is not None and not self.held:
+            await self._semaphore.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self._semaphore is not None and self.held:
+            self._semaphore.release()
+        self.held = False
+
+
+def _db_semaphore(state: Any) -> asyncio.Semaphore | None:
+    """The app's limit on requests holding a session, for the running event loop (one per
+    loop: the test client runs each request on a fresh loop). A quarter of the pool stays
+    free for what opens sessions outside requests (event-stream polls, metrics scrapes)."""
+    loop = asyncio.get_running_loop()
+    current = getattr(state, "db_slots", None)
+    if current is None or current[0] is not loop:
+        capacity = pool_capacity(state.session_factory)
+        slots = None if capacity is None else max(1, capacity - max(1, capacity // 4))
+        current = (loop, asyncio.Semaphore(slots) if slots else None)
+        state.db_slots = current
+    return current[1]
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """One session per request, closed as soon as the route function returns (the
+    dependency's scope is "function": a streamed response does not keep it).
+
+    At most a pool's worth of requests hold a session at once; the others wait here, in the
+    event loop. Without that limit, worker threads block inside the pool's checkout (for up
+    to 30 s) while the requests owning the connections wait for a free worker thread to run
+    their next step: the thread-pool/connection-pool deadlock that turns a burst of load
+    into a wall of timeouts. Creating a session does no I/O; closing one with an open
+    transaction does (ROLLBACK), in a thread outside the request thread limit."""
+    state = request.app.state
+    slot = DbSlot(_db_semaphore(state))
+    await slot.acquire()
+    request.state.db_slot = slot  # a long route (an upload) gives it back while it waits
+    try:
+        session = state.session_factory()
+        try:
+            yield session
+        finally:
+            if session.in_transaction():
+                await anyio.to_thread.run_sync(session.close, limiter=CapacityLimiter(1))
+            else:
+                session.close()
+    finally:
+        slot.release()
+
+
+def end_transaction(session: Session) -> None:
+    """End a read-only request's transaction in the route's own worker thread: its
+    connection goes back to the pool now, and the session needs no I/O when it is closed
+    (loaded objects stay usable: sessions do not expire them on commit)."""
+    session.commit()
+
+
+async def get_store(request: Request) -> ObjectStore:
     return request.app.state.store
 
 
-def get_queue(request: Request) -> JobQueue:
+async def get_queue(request: Request) -> JobQueue:
     return request.app.state.queue
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 StoreDep = Annotated[ObjectStore, Depends(get_store)]
 QueueDep = Annotated[JobQueue, Depends(get_queue)]
 
 
 # --- auth -------------------------------------------------------------------------------------
+
 
 def auth_limiter(request: Request) -> AuthFailureLimiter:
     """The app's failed-authentication limiter (api/ratelimit.py), made on first use."""
@@ -241,7 +320,7 @@ class Idempotency:
         return None
 
 
-def get_idempotency(
+async def get_idempotency(
     request: Request,
     session: SessionDep,
     team: CurrentTeam,

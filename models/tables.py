@@ -94,6 +94,9 @@ class Job(Base):
     __table_args__ = (
         CheckConstraint(_in("status", JOB_STATUSES), name="status"),
         Index("ix_jobs_team_id_id", "team_id", "id"),
+        # The per-team quota counts active jobs on every POST /v1/jobs: an index-only scan
+        # of the team's active entries, not a heap visit of every job the team ever ran.
+        Index("ix_jobs_team_id_status", "team_id", "status"),
         Index("ix_jobs_status_lease_expires_at", "status", "lease_expires_at"),
     )
 

@@ -7,15 +7,33 @@ import os
 import re
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Form, Query, UploadFile
-from fastapi import File as FileParam
+from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep, StoreDep, request_hash
+from api.deps import (
+    CurrentTeam,
+    IdempotencyDep,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    end_transaction,
+    request_hash,
+)
 from api.errors import api_error
 from api.schemas import Deleted, ErrorResponse, FileOut, Page
-from api.uploads import UploadRejected, read_chunks, validate_upload
+from api.uploads import (
+    PURPOSES,
+    BodyPump,
+    FormInvalid,
+    ReceivedUpload,
+    UploadRejected,
+    form_errors,
+    multipart_boundary,
+    receive_upload,
+)
 from models.base import new_id
 from models.tables import ACTIVE_STATUSES, File, Job
 from storage import ObjectNotFound
@@ -40,48 +58,116 @@ def _own_file(session, team_id: str, file_id: str) -> File:
     return row
 
 
-@router.post("", status_code=201, response_model=FileOut, responses=_ERRORS)
-def upload_file(
+_UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "purpose": {
+                            "type": "string",
+                            "enum": list(PURPOSES),
+                            "description": "train or eval; send it before the file to have "
+                            "the file validated while it streams in.",
+                        },
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "A JSONL file (DESIGN.md §3).",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "", status_code=201, response_model=FileOut, responses=_ERRORS, openapi_extra=_UPLOAD_BODY
+)
+async def upload_file(
+    request: Request,
     team: CurrentTeam,
     session: SessionDep,
     settings: SettingsDep,
     store: StoreDep,
     idem: IdempotencyDep,
-    file: Annotated[UploadFile, FileParam(description="A JSONL file (DESIGN.md §3).")],
-    purpose: Annotated[Literal["train", "eval"], Form()],
 ):
-    """Upload a JSONL file. It is validated line by line as it streams in; an invalid file is
-    refused with every bad line (up to 20) and leaves nothing behind."""
+    """Upload a JSONL file (multipart: `purpose`, then `file`). It is validated line by line
+    and written to the object store as it streams in; an invalid file is refused with every
+    bad line (up to 20) and leaves nothing behind."""
     try:
-        valid = validate_upload(
-            file.file,
-            purpose=purpose,
-            max_bytes=settings.MAX_UPLOAD_BYTES,
-            max_line_bytes=settings.MAX_LINE_BYTES,
-        )
+        boundary = multipart_boundary(request.headers.get("content-type", ""))
     except UploadRejected as rejected:
-        raise api_error(
-            rejected.status,
-            rejected.message,
-            field="file" if rejected.status == 413 else None,
-            errors=rejected.errors or None,
-        ) from None
-    filename = _display_name(file.filename)
-    req_hash = request_hash({"purpose": purpose, "filename": filename, "sha256": valid.sha256})
-    if (replayed := idem.replay(req_hash)) is not None:
-        return replayed
+        raise _upload_error(rejected) from None
+    if boundary is None:  # not multipart: there is no file (FastAPI's errors for the form)
+        form = await request.form()
+        purpose = form.get("purpose")
+        raise RequestValidationError(
+            form_errors(has_file=False, purpose=purpose if isinstance(purpose, str) else None)
+        )
+    # The upload may take seconds: hold no connection meanwhile (auth opened a transaction).
+    await run_in_threadpool(end_transaction, session)
+    request.state.db_slot.release()
     file_id = new_id("file")
     key = file_key(team.id, file_id)
-    file.file.seek(0)  # pass 2: the validated bytes, straight to their final key (atomic)
-    stored = store.put_stream(key, read_chunks(file.file))
     try:
-        if stored != valid.bytes:  # the spool file changed under us: refuse to publish it
-            raise RuntimeError(f"stored {stored} bytes of a {valid.bytes}-byte upload")
+        async with BodyPump(request.stream()) as pump:
+            received = await run_in_threadpool(
+                receive_upload,
+                pump.chunks(),
+                boundary,
+                store=store,
+                key=key,
+                max_bytes=settings.MAX_UPLOAD_BYTES,
+                max_line_bytes=settings.MAX_LINE_BYTES,
+            )
+    except UploadRejected as rejected:
+        raise _upload_error(rejected) from None
+    except FormInvalid as invalid:
+        raise RequestValidationError(invalid.errors) from None
+    await request.state.db_slot.acquire()
+    try:  # the object is stored: from here, any failure must remove it
+        return await run_in_threadpool(
+            _register_upload, session, team.id, idem, file_id, key, received
+        )
+    except _Replayed as replayed:  # this Idempotency-Key already has its file
+        await run_in_threadpool(store.delete, key)
+        return replayed.response
+    except BaseException:
+        store.delete(key)
+        raise
+
+
+class _Replayed(Exception):
+    def __init__(self, response: JSONResponse):
+        self.response = response
+
+
+def _upload_error(rejected: UploadRejected):
+    field = rejected.field or ("file" if rejected.status == 413 else None)
+    return api_error(rejected.status, rejected.message, field=field, errors=rejected.errors or None)
+
+
+def _register_upload(session, team_id: str, idem, file_id: str, key: str, received: ReceivedUpload):
+    """The file's row (or an idempotent replay), once its object is stored under `key`."""
+    valid = received.valid
+    filename = _display_name(received.filename)
+    req_hash = request_hash(
+        {"purpose": received.purpose, "filename": filename, "sha256": valid.sha256}
+    )
+    try:
+        if (replayed := idem.replay(req_hash)) is not None:
+            raise _Replayed(replayed)
         row = File(
             id=file_id,
-            team_id=team.id,
+            team_id=team_id,
             filename=filename,
-            purpose=purpose,
+            purpose=received.purpose,
             bytes=valid.bytes,
             sha256=valid.sha256,
             format=valid.format,
@@ -93,13 +179,13 @@ def upload_file(
         session.flush()
         body = FileOut.of(row).model_dump(mode="json")
         winner = idem.commit(req_hash, 201, body)
+    except _Replayed:
+        raise
     except BaseException:
         session.rollback()
-        store.delete(key)
         raise
     if winner is not None:  # a concurrent retry with the same key stored its file first
-        store.delete(key)
-        return winner
+        raise _Replayed(winner)
     log.info(
         "file uploaded",
         extra={

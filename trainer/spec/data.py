@@ -63,7 +63,7 @@ class ValidationReport:
 def _text(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise RecordError(name, f"must be a string, got {type(value).__name__}")
-    if not value.strip():
+    if not value or value.isspace():  # = `not value.strip()`, without copying the text
         raise RecordError(name, "must not be empty")
     return value
 
@@ -96,6 +96,18 @@ def _completion_pair(obj: dict, keys: tuple[str, str]) -> tuple[Any, Any]:
 
 
 def _preference(obj: dict) -> dict:
+    prompt, chosen, rejected = obj.get("prompt"), obj.get("chosen"), obj.get("rejected")
+    if (  # the common case, three non-blank strings: what the checks below would return
+        type(prompt) is str
+        and type(chosen) is str
+        and type(rejected) is str
+        and "input" not in obj
+        and prompt
+        and chosen
+        and rejected
+        and not (prompt.isspace() or chosen.isspace() or rejected.isspace())
+    ):
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
     if "input" in obj:  # OpenAI DPO layout
         inp = obj["input"]
         if not isinstance(inp, dict):
@@ -158,23 +170,41 @@ _PARSERS = {
 
 def detect_format(obj: dict) -> Format:
     """Decide the format from the columns present."""
-    keys = set(obj)
-    if {"chosen", "rejected"} <= keys or {"preferred_output", "non_preferred_output"} <= keys:
+    if ("chosen" in obj and "rejected" in obj) or (
+        "preferred_output" in obj and "non_preferred_output" in obj
+    ):
         return "preference"
-    if {"completion", "label"} <= keys:
+    if "completion" in obj and "label" in obj:
         return "unpaired"
-    if {"instruction", "output"} <= keys:
+    if "instruction" in obj and "output" in obj:
         return "eval_instruction"
-    if {"problem", "answer"} <= keys:
+    if "problem" in obj and "answer" in obj:
         return "eval_math"
-    if "prompt" in keys:
+    if "prompt" in obj:
         return "prompt"
     raise RecordError(
         "(columns)",
         "unknown format: expected prompt/chosen/rejected, input/preferred_output/"
         "non_preferred_output, prompt/completion/label, prompt[/answer], "
-        "instruction/output or problem/answer; got " + ", ".join(sorted(keys)[:8]),
+        "instruction/output or problem/answer; got " + ", ".join(sorted(obj)[:8]),
     )
+
+
+_scan_object = json.JSONDecoder().scan_once  # json.loads' own scanner (C), configured alike
+
+
+def _loads(text: str) -> Any:
+    """json.loads(text), minus its wrapper's cost for the usual JSONL line: one object from
+    the first character to the last. Anything else (leading or trailing whitespace, a BOM,
+    an error) goes through json.loads itself, so results and errors are exactly its own."""
+    if text[:1] == "{":
+        try:
+            obj, end = _scan_object(text, 0)
+        except Exception:  # noqa: BLE001 - json.loads below raises the real error
+            end = -1
+        if end == len(text):
+            return obj
+    return json.loads(text)
 
 
 def parse_line(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict]:
@@ -187,7 +217,7 @@ def parse_line(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict]:
         except UnicodeDecodeError as exc:
             raise RecordError("(line)", f"not valid UTF-8 at byte {exc.start}") from None
     try:
-        obj = json.loads(raw)
+        obj = _loads(raw)
     except json.JSONDecodeError as exc:
         raise RecordError("(json)", f"malformed JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:  # "[[[[..." a few thousand deep: a 500 otherwise
@@ -210,7 +240,7 @@ class JsonlValidator:
 
     def feed(self, raw: bytes) -> dict | None:
         self._line += 1
-        if not raw.strip():
+        if not raw or raw.isspace():  # = `not raw.strip()`, without copying the line
             return None  # blank lines are allowed (trailing newline, separators)
         try:
             fmt, record = parse_line(raw, self.report.format)
@@ -255,13 +285,14 @@ def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
     buf = b""
     skipping = False
     for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if skipping:
+        buf = buf + chunk if buf else bytes(chunk)  # no copy of a chunk when nothing is left
+        lines = buf.split(b"\n")
+        buf = lines.pop()
+        if lines:
+            if skipping:  # the first piece ends the over-long line: skipped
                 skipping = False
-                continue
-            yield line
+                del lines[0]
+            yield from lines
         if len(buf) > MAX_LINE_BYTES and not skipping:
             yield buf
             skipping = True
