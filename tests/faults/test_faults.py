@@ -1,0 +1,360 @@
+"""Fault injection on the real stack (DESIGN.md §6): PostgreSQL, a private Redis broker,
+SeaweedFS S3 and Celery worker processes, while jobs train.
+
+Faults, one after the other on the same running jobs: S3 down for ~20 s; every PostgreSQL
+connection of the test database terminated (pg_terminate_backend: the shared server is never
+restarted); a worker SIGKILLed; the (private) Redis broker restarted; and, separately, a
+uvicorn API process SIGKILLed under a burst of creates.
+
+After the faults every job must end `succeeded`, no attempt overlapped another (status
+history), no event was lost (seqs gap-free), metrics are complete, and every checkpoint
+prefix in the bucket is complete (`_COMPLETE`) and matches a checkpoint row.
+
+Marked slow (`pytest -m slow`): a couple of minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
+
+from models.tables import Checkpoint, Job
+from tests.fixtures.services import REPO, celery_workers, wait_for  # noqa: F401 - fixture
+from tests.worker.conftest import (  # noqa: F401 - fixtures
+    PREFERENCE,
+    TINY,
+    checkpoint_steps,
+    events,
+    metric_steps,
+    stack,
+)
+
+pytestmark = pytest.mark.slow
+
+REPORT: dict[str, int] = Counter()
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class PrivateRedis:
+    """redis-server on a port of its own (never the shared 6379): safe to kill."""
+
+    def __init__(self, tmp: Path):
+        self.port = _free_port()
+        self.tmp = tmp
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", str(self.tmp)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        import redis
+
+        def up() -> bool:
+            try:
+                return redis.Redis(port=self.port).ping()
+            except redis.exceptions.ConnectionError:
+                return False
+
+        wait_for(up, 10, what="private redis")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_broker_url(tmp_path):
+    """Overrides the shared-Redis broker of the stack with a private, killable one."""
+    broker = PrivateRedis(tmp_path)
+    broker.start()
+    REPORT["_broker_port"] = broker.port
+    try:
+        yield broker.url
+    finally:
+        broker.stop()
+
+
+def _private_redis_restart(url: str, tmp: Path) -> None:
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    for pid in _pids_of(f"redis-server 127.0.0.1:{port}") + _pids_of(f"redis-server *:{port}"):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(2)
+    broker = PrivateRedis(tmp)
+    broker.port = port
+    broker.start()
+
+
+def _pids_of(needle: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if needle in cmd:
+                pids.append(int(entry.name))
+    return pids
+
+
+def terminate_db_connections(db_url: str) -> int:
+    """Kill every backend on the test database but ours (an outage of that database)."""
+    from tests.fixtures.db import _admin_engine
+
+    name = make_url(db_url).database
+    admin = _admin_engine()
+    try:
+        with admin.connect() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = :db AND pid <> pg_backend_pid()"
+                ),
+                {"db": name},
+            ).scalar_one()
+    finally:
+        admin.dispose()
+    return int(killed)
+
+
+def check_invariants(stack, s3_server, job_ids: list[str], steps: int, every: int) -> dict:
+    """The promises after faults; returns per-job attempt counts."""
+    attempts = {}
+    for job_id in job_ids:
+        job = stack.job(job_id)
+        assert job["status"] == "succeeded", (job_id, job["status"], job["error"])
+        history = events(stack.sessions, job_id)
+        seqs = [e.seq for e in history]
+        assert seqs == list(range(1, len(seqs) + 1)), f"event lost in {job_id}: {seqs}"
+        # attempts never overlap: status transitions alternate queued -> running -> ...
+        statuses = [e.data["to"] for e in history if e.kind == "status"]
+        assert statuses[0] == "queued" and statuses[-1] == "succeeded", statuses
+        for a, b in zip(statuses, statuses[1:]):
+            assert (a, b) in {
+                ("queued", "running"), ("running", "queued"), ("running", "succeeded"),
+            }, statuses  # fmt: skip
+        assert statuses.count("running") == job["attempt"], (statuses, job["attempt"])
+        assert [e.kind for e in history].count("finished") == 1
+        assert metric_steps(stack.sessions, job_id) == list(range(1, steps + 1))
+        assert checkpoint_steps(stack.sessions, job_id) == list(range(every, steps + 1, every))
+        attempts[job_id] = job["attempt"]
+    # the bucket: every step-N prefix is complete and recorded; every row has its objects
+    keys = s3_server.list_all(stack.bucket)
+    prefixes: dict[str, set[str]] = {}
+    for key in keys:
+        m = re.match(r"(.*/step-\d+/)(.*)$", key)
+        if m:
+            prefixes.setdefault(m.group(1), set()).add(m.group(2))
+    with stack.sessions() as s:
+        rows = {c.object_prefix: c for c in s.execute(select(Checkpoint)).scalars()}
+    for prefix, names in prefixes.items():
+        assert "_COMPLETE" in names, f"incomplete checkpoint {prefix}: {sorted(names)}"
+        assert prefix in rows, f"orphaned checkpoint objects {prefix}"
+        for f in rows[prefix].files or []:
+            assert f in names, (prefix, f)
+    for prefix in rows:
+        assert prefix in prefixes, f"checkpoint row without objects: {prefix}"
+    for job_id in job_ids:
+        final = stack.job(job_id)["result"]["final_model"]["prefix"]
+        assert final + "_COMPLETE" in keys
+    return attempts
+
+
+def test_jobs_survive_s3_db_worker_and_broker_faults(
+    stack, celery_workers, s3_server, db_url, tmp_path
+):
+    steps, every = 24, 4
+    logs = celery_workers.logs
+    workers = [celery_workers.start(stack.env, name=f"f{i}") for i in range(2)]
+    file_id = stack.upload()
+    jobs = [stack.submit(file_id, max_steps=steps, checkpoint_every=every, seed=s) for s in (1, 2)]
+    faults: list[str] = []
+    wait_for(
+        lambda: all(checkpoint_steps(stack.sessions, j) for j in jobs), 120, what="checkpoints"
+    )
+
+    # 1. S3 down for 20 s while both jobs train and checkpoint
+    s3_server.stop()
+    faults.append("s3 stopped 20 s")
+    time.sleep(20)
+    s3_server.start()
+
+    # 2. every DB connection of the test database terminated, twice, a few seconds apart
+    killed = terminate_db_connections(db_url)
+    time.sleep(3)
+    killed += terminate_db_connections(db_url)
+    faults.append(f"postgres: {killed} backends terminated")
+
+    # 3. a worker SIGKILLed mid-job (its trainer dies by PDEATHSIG); a fresh one replaces it
+    busy = [j for j in jobs if stack.job(j)["status"] == "running"]
+    workers[0].kill()
+    faults.append("worker SIGKILL")
+    workers.append(celery_workers.start(stack.env, name="f2"))
+
+    # 4. the broker restarted (private redis-server: killed, started again on its port)
+    _private_redis_restart(stack.broker_url, tmp_path)
+    faults.append("redis restart")
+    third = stack.submit(file_id, max_steps=steps, checkpoint_every=every, seed=3)
+    jobs.append(third)
+
+    for job_id in jobs:
+        stack.wait_done(job_id, 240, logs)
+    attempts = check_invariants(stack, s3_server, jobs, steps, every)
+    affected = sum(1 for a in attempts.values() if a > 1)
+    REPORT.update(faults=len(faults), jobs=len(jobs), affected=affected, lost=0)
+    print(
+        "FAULTS "
+        + json.dumps(
+            {
+                "faults": faults,
+                "jobs": len(jobs),
+                "jobs_affected": affected,
+                "attempts": attempts,
+                "jobs_lost": 0,
+                "running_at_kill": len(busy),
+            }
+        )
+    )
+
+
+# --- the API process SIGKILLed ----------------------------------------------------------------
+
+
+def test_api_process_killed_mid_burst_loses_nothing(stack, s3_server, db_url, tmp_path):
+    """uvicorn (a real process) SIGKILLed while 40 creates with Idempotency-Keys are in
+    flight; restarted, every key is retried: each yields exactly one job, and no upload left
+    a row or an object behind."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        **{k: v for k, v in stack.env.items() if k.isupper()},
+        "PYTHONPATH": str(REPO),
+        "LOG_LEVEL": "WARNING",
+    }
+    key = stack.headers["Authorization"].removeprefix("Bearer ")
+    base = f"http://127.0.0.1:{port}"
+
+    def serve() -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--no-migrate"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{base}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                assert proc.poll() is None, "uvicorn exited"
+                return False
+
+        wait_for(up, 30, 0.2, "uvicorn")
+        return proc
+
+    proc = serve()
+    auth = {"Authorization": f"Bearer {key}"}
+    file_id = stack.upload()
+    for _ in range(3):  # warm: connections pooled, routes imported
+        assert httpx.get(f"{base}/v1/jobs", headers=auth, timeout=30).status_code == 200
+    import threading
+
+    results: dict[str, int] = {}
+
+    def create(i: int) -> None:
+        time.sleep(i * 0.05)  # spread over 2 s: some finish, some are cut, some refused
+        try:
+            r = httpx.post(
+                f"{base}/v1/jobs",
+                headers={**auth, "Idempotency-Key": f"kill-{i}"},
+                json={**TINY, "training_file": file_id, "max_steps": 1},
+                timeout=10,
+            )
+            results[f"kill-{i}"] = r.status_code
+        except httpx.HTTPError as exc:
+            results[f"kill-{i}"] = type(exc).__name__
+
+    def upload(i: int) -> None:
+        try:
+            httpx.post(
+                f"{base}/v1/files",
+                headers=auth,
+                files={"file": (f"u{i}.jsonl", PREFERENCE * 20, "application/jsonl")},
+                data={"purpose": "train"},
+                timeout=10,
+            )
+        except httpx.HTTPError:
+            pass
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(40)]
+    threads += [threading.Thread(target=upload, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    proc.kill()  # SIGKILL: no shutdown, no cleanup
+    proc.wait(10)
+    for t in threads:
+        t.join(20)
+    interrupted = sum(1 for c in results.values() if c != 201)
+    proc = serve()
+    try:
+        ids = {}
+        for i in range(40):
+            r = httpx.post(
+                f"{base}/v1/jobs",
+                headers={**auth, "Idempotency-Key": f"kill-{i}"},
+                json={**TINY, "training_file": file_id, "max_steps": 1},
+                timeout=30,
+            )
+            assert r.status_code in (201, 429), r.text  # 429: the team's active-job limit
+            if r.status_code == 201:
+                ids[f"kill-{i}"] = r.json()["id"]
+        with stack.sessions() as s:
+            rows = s.execute(select(Job.id)).scalars().all()
+        assert len(rows) == len(set(rows)) and set(ids.values()) <= set(rows)
+        assert len(rows) == len(ids), "a killed request left a job without its key"
+        # files: every row has its object, every object under files/ has its row
+        files = httpx.get(f"{base}/v1/files", headers=auth, params={"limit": 100}, timeout=10)
+        listed = {f["id"] for f in files.json()["data"]}
+        keys = [k for k in s3_server.list_all(stack.bucket) if "/files/" in k]
+        orphans = [k for k in keys if not any(fid in k for fid in listed)]
+        REPORT.update(api_kill_interrupted=interrupted, api_kill_orphans=len(orphans))
+        print(
+            "API-KILL "
+            + json.dumps(
+                {
+                    "first_try": Counter(results.values()),
+                    "jobs": len(rows),
+                    "orphans": orphans,
+                }
+            )
+        )
+        assert not orphans, orphans
+    finally:
+        proc.kill()
+        proc.wait(10)
