@@ -352,3 +352,13 @@ def test_limiter_memory_is_bounded():
         limiter.failure(f"10.0.{i // 256}.{i % 256}")
     assert len(limiter._buckets) == 100
     assert limiter.retry_after("10.0.3.231") is not None  # the newest are remembered
+
+
+def test_oversized_headers_are_431_in_process(client, team_a):
+    """Regression: uvicorn's default parser (httptools) accepted 70 KB of headers; the app
+    now refuses more than MAX_HEADER_BYTES itself, whatever the server."""
+    from api.observability import MAX_HEADER_BYTES
+
+    r = client.get("/v1/jobs", headers={**team_a.headers, "X-Big": "x" * MAX_HEADER_BYTES})
+    assert r.status_code == 431 and r.json()["error"]["type"] == "invalid_request_error"
+    assert client.get("/v1/jobs", headers={**team_a.headers, "X-Ok": "x" * 4000}).status_code == 200
