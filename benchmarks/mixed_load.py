@@ -306,6 +306,7 @@ def main() -> None:
                 "requests": result["requests"],
                 "writes": result["writes"],
                 "errors": result["errors"],
+                "first_errors": result["first_errors"],
                 "p50_ms": result["p50_ms"],
                 "p99_ms": result["p99_ms"],
                 "max_ms": result["max_ms"],
