@@ -99,3 +99,24 @@ def test_examples_with_the_embedded_worker(real_worker_server, tmp_path):
     assert (tmp_path / "ckpt" / "weights.safetensors").stat().st_size > 0
     # (compare_variants.py trains two such jobs one after the other in the embedded worker,
     # ~30 s more; its fast run above covers the script, this one the real training path.)
+
+
+def test_online_grpo_example_submits_an_online_job_with_an_evaluation(server, team):
+    out = run_example(server, team[1], "online_grpo_math.py", "--model", "tiny-llama",
+                      HUMANLINE_NO_WAIT="1").stdout  # fmt: skip
+    assert "256 prompt prompts" in out and "not waiting" in out
+    with Client(base_url=server.url, api_key=team[1]) as client:
+        (job,) = client.jobs.list(metadata={"example": "online_grpo_math"}).to_list()
+        assert job.variant == "online+humanline" and job.spec["online"]["sample_every"] == 8
+        assert [r["name"] for r in job.spec["online"]["rewards"]] == ["tag_count", "format", "math_accuracy"]
+        assert job.spec["evaluations"][0]["kind"] == "math"
+
+
+@pytest.mark.slow
+def test_online_grpo_example_with_the_embedded_worker(real_worker_server):
+    _, key = real_worker_server.new_team()
+    out = run_example(real_worker_server, key, "online_grpo_math.py", "--model", "tiny-llama",
+                      "--steps", "2", "--sample-every", "1", "--max-new-tokens", "8",
+                      timeout=600).stdout  # fmt: skip
+    assert "status: succeeded" in out
+    assert "round at step 1:" in out and "round at step 2:" in out and "math_accuracy" in out
