@@ -42,9 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import httpx  # noqa: E402
-
-from api_load import (  # noqa: E402 - the other benchmark's service helpers
+import httpx
+from api_load import (
     create_database,
     drop_database,
     empty_redis_db,

@@ -46,7 +46,9 @@ def test_many_runners_racing_for_one_job_only_one_claims(
     local = Local(db_sessions, open_store(settings.STORAGE_URL), settings, team_id)
     job_id = local.make_job(max_steps=3)
     first = _fake(local, tmp_path, monkeypatch, steps=3, sleep=0.1)
-    runners = [first] + [Runner(first.settings, db_sessions, local.store) for _ in range(RACERS - 1)]
+    runners = [first] + [
+        Runner(first.settings, db_sessions, local.store) for _ in range(RACERS - 1)
+    ]
     barrier = threading.Barrier(RACERS)
 
     def race(runner: Runner):

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - pytest fixtures imported into the module and used as arguments
 """Fault injection on the real stack (DESIGN.md §6): PostgreSQL, a private Redis broker,
 SeaweedFS S3 and Celery worker processes, while jobs train.
 
@@ -188,7 +189,11 @@ def check_invariants(stack, s3_server, job_ids: list[str], steps: int, every: in
 
 
 def test_jobs_survive_s3_db_worker_and_broker_faults(
-    stack, celery_workers, s3_server, db_url, tmp_path
+    stack,
+    celery_workers,
+    s3_server,
+    db_url,
+    tmp_path,
 ):
     steps, every = 24, 4
     logs = celery_workers.logs

@@ -6,7 +6,6 @@ Bounded: a few examples per operation (the whole run takes well under a minute).
 
 from __future__ import annotations
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance

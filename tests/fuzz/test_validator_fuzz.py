@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
@@ -18,9 +17,9 @@ from sqlalchemy import func, select
 from models.tables import File
 from tests.api.conftest import stored_objects, upload
 from trainer.spec.data import (
+    EVAL_FORMATS,
     MAX_ERRORS,
     TRAIN_FORMATS,
-    EVAL_FORMATS,
     JsonlValidator,
     RecordError,
     iter_lines,

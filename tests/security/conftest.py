@@ -12,7 +12,7 @@ def db_backend() -> str:
 
 
 @pytest.fixture
-def live_server(app, team_a):
+def live_server(app, team_a):  # noqa: F811 - fixtures
     """The app behind a real uvicorn (h11) on a loopback port, in a thread: (base_url, key)."""
     import socket
     import threading

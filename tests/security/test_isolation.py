@@ -17,7 +17,9 @@ from storage.keys import checkpoint_prefix, report_key
 from tests.api.conftest import EVAL_MATH, job_body, jsonl, stored_objects, upload
 
 MARKER = "zebra-unicorn-7731"  # distinctive content of team A's data: must never leak
-TRAIN = jsonl([{"prompt": f"{MARKER} Q{i}?", "chosen": "good", "rejected": "bad"} for i in range(4)])
+TRAIN = jsonl(
+    [{"prompt": f"{MARKER} Q{i}?", "chosen": "good", "rejected": "bad"} for i in range(4)]
+)
 JUDGE_SECRET = "sk-judge-secret-9f8e7d"
 AWS_SECRET = "aws-secret-4c3b2a1908"
 
@@ -109,7 +111,12 @@ def every_route(w: World) -> list[tuple[str, str, dict | None, dict | None]]:
         ("GET", "/v1/reports/compare", {"jobs": j}, None),
         ("GET", "/v1/reports/compare", {"jobs": f"{j},{j}"}, None),
         ("POST", "/v1/jobs", None, job_body(w.train)),
-        ("POST", "/v1/evaluations", None, {"job_id": j, "step": 4, "file_id": w.eval_file, "kind": "math"}),
+        (
+            "POST",
+            "/v1/evaluations",
+            None,
+            {"job_id": j, "step": 4, "file_id": w.eval_file, "kind": "math"},
+        ),
         (
             "POST",
             "/v1/evaluations",
@@ -174,7 +181,9 @@ def test_file_names_never_steer_object_keys(client, team_a, store, name):
         assert ".." not in key.split("/") and "\x00" not in key and "\\" not in key, key
     if r.status_code == 201:
         f = r.json()
-        assert "/" not in f["filename"] and "\\" not in f["filename"] and "\x00" not in f["filename"]
+        assert (
+            "/" not in f["filename"] and "\\" not in f["filename"] and "\x00" not in f["filename"]
+        )
         assert f["id"].startswith("file-")
 
 
@@ -182,7 +191,9 @@ def test_job_metadata_never_steers_object_keys(client, team_a, store, db_session
     r = client.post(
         "/v1/jobs",
         headers=team_a.headers,
-        json=job_body(train_file_a, metadata={"out": "../../../x", "team": "../team-b"}, suffix="../x"),
+        json=job_body(
+            train_file_a, metadata={"out": "../../../x", "team": "../team-b"}, suffix="../x"
+        ),
     )
     assert r.status_code in (201, 422), r.text
     if r.status_code == 201:
@@ -217,7 +228,9 @@ def train_file_a(client, team_a) -> str:
 )
 def test_checkpoint_download_refuses_path_tricks(client, team_a, world, name):
     r = client.get(
-        f"/v1/jobs/{world.job}/checkpoints/4/download", headers=team_a.headers, params={"file": name}
+        f"/v1/jobs/{world.job}/checkpoints/4/download",
+        headers=team_a.headers,
+        params={"file": name},
     )
     assert r.status_code in (404, 422), (name, r.text)
     assert MARKER not in r.text
@@ -245,7 +258,9 @@ def test_oversized_bodies_are_413(client, team_a, settings, store):
         content=b'{"base_model": "' + b"x" * (8 << 20) + b'"}',
     )
     assert r.status_code == 413, r.status_code
-    line = b'{"prompt": "' + b"x" * settings.MAX_LINE_BYTES + b'", "chosen": "a", "rejected": "b"}\n'
+    line = (
+        b'{"prompt": "' + b"x" * settings.MAX_LINE_BYTES + b'", "chosen": "a", "rejected": "b"}\n'
+    )
     r = upload(client, team_a, line)
     assert r.status_code == 422 and "longer than" in r.text
 
@@ -277,9 +292,7 @@ class Collect(logging.Handler):
         self.lines.append(record.getMessage() + " " + json.dumps(record.__dict__, default=str))
 
 
-def test_api_keys_and_secrets_never_logged_nor_returned(
-    client, app, team_a, team_b, world, capsys
-):
+def test_api_keys_and_secrets_never_logged_nor_returned(client, app, team_a, team_b, world, capsys):
     handler = Collect()
     loggers = [logging.getLogger(), logging.getLogger("humanline"), logging.getLogger("uvicorn")]
     levels = [lg.level for lg in loggers]
