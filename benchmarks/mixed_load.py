@@ -14,8 +14,9 @@ The mix (weights out of 20), on one team's data:
 
 Rate search: short probes (4 s; --quick 3 s) at doubling rates from --start-rate until a
 probe has an error, lags (served < 95 % of offered) or its p99 passes --max-p99-ms; then
-bisection between the last good and first bad rate (3 steps). The sustained rate is then run
-for --seconds (60; --quick 15), and that run is the result.
+bisection between the last good and first bad rate (3 steps). The rate found is then held
+for --seconds (60; --quick 15); a hold that fails the same test is retried at 0.7x the rate
+(--retries, 2), and the last hold is the result ("sustained" says whether it passed).
 
     python benchmarks/mixed_load.py --quick     # < 90 s in all
     python benchmarks/mixed_load.py             # 60 s at the rate found
@@ -224,10 +225,17 @@ async def search_and_run(port: int, key: str, file_id: str, args) -> dict:
                 probes.append({k: res[k] for k in ("offered_rate", "errors", "lag", "p99_ms")})
                 good, bad = (mid, bad) if sustained(res, args.max_p99_ms) else (good, mid)
         rate = good or args.start_rate / 2
-        await asyncio.sleep(1)
-        final = await run_load(http, mix, rate, args.seconds)
+        holds = []
+        for _ in range(1 + args.retries):  # a short probe can pass where a long hold fails
+            await asyncio.sleep(2)  # let any backlog drain
+            final = await run_load(http, mix, rate, args.seconds)
+            final["sustained"] = sustained(final, args.max_p99_ms)
+            holds.append({k: final[k] for k in ("offered_rate", "errors", "lag", "p99_ms")})
+            if final["sustained"]:
+                break
+            rate = round(rate * 0.7, 1)
         final["probes"] = probes
-        final["sustained"] = sustained(final, args.max_p99_ms)
+        final["holds"] = holds
         return final
 
 
@@ -239,6 +247,7 @@ def main() -> None:
     parser.add_argument("--start-rate", type=float, default=25.0)
     parser.add_argument("--max-rate", type=float, default=1600.0)
     parser.add_argument("--max-p99-ms", type=float, default=250.0, help="a probe above fails")
+    parser.add_argument("--retries", type=int, default=2, help="holds at 0.7x after a failed one")
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     parser.add_argument(
         "--pg-admin-url",
@@ -313,6 +322,7 @@ def main() -> None:
                 "seconds": result["seconds"],
                 "by_route": result["by_route"],
                 "probes": result["probes"],
+                "holds": result["holds"],
                 "wall_s": round(time.monotonic() - started, 1),
             }
         )
