@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import re
+import threading
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Protocol, runtime_checkable
 
@@ -36,6 +37,7 @@ from storage import ObjectStore
 log = logging.getLogger("humanline.api")
 
 RUN_JOB_TASK = "worker.tasks.run_job"
+_CELERY_LOCK = threading.Lock()
 
 
 # --- the job queue ------------------------------------------------------------------------
@@ -60,15 +62,20 @@ class CeleryQueue:
 
     def _app(self) -> Any:
         if self._celery is None:
-            try:
-                from celery import Celery
-            except ImportError as exc:  # pragma: no cover - depends on the install
-                raise RuntimeError(
-                    f"BROKER_URL={self.broker_url!r} needs celery in the API image "
-                    "(pip install 'celery[redis]'), or BROKER_URL=memory:// for the embedded "
-                    "worker"
-                ) from exc
-            self._celery = Celery("humanline-api", broker=self.broker_url)
+            # One thread imports: celery's package swaps itself for a lazy module on first
+            # import, and a second thread importing meanwhile gets "cannot import name
+            # 'Celery'" (seen with the first concurrent POSTs of a fresh process).
+            with _CELERY_LOCK:
+                if self._celery is None:
+                    try:
+                        from celery import Celery
+                    except ImportError as exc:  # pragma: no cover - depends on the install
+                        raise RuntimeError(
+                            f"BROKER_URL={self.broker_url!r} needs celery in the API image "
+                            "(pip install 'celery[redis]'), or BROKER_URL=memory:// for the "
+                            "embedded worker"
+                        ) from exc
+                    self._celery = Celery("humanline-api", broker=self.broker_url)
         return self._celery
 
     def enqueue(self, job_id: str) -> None:

@@ -296,3 +296,69 @@ def test_a_failure_after_storing_removes_the_object(
         "request_id": r.headers["x-request-id"],
     }
     assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
+
+
+# --- the streamed multipart body -----------------------------------------------------------
+
+
+def _multipart(*parts: tuple[str, str | None, bytes], boundary: str = "hlB0undary") -> tuple:
+    """A multipart body from (name, filename or None, content) parts, in the order given."""
+    body = b""
+    for name, filename, content in parts:
+        disposition = f'form-data; name="{name}"' + (
+            f'; filename="{filename}"' if filename is not None else ""
+        )
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode()
+        body += content + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def test_a_file_sent_before_its_purpose_is_validated_too(client, team_a, store):
+    body, headers = _multipart(("file", "a.jsonl", PREFERENCE), ("purpose", None, b"train"))
+    r = client.post("/v1/files", headers={**team_a.headers, **headers}, content=body)
+    assert r.status_code == 201, r.text
+    assert (r.json()["format"], r.json()["records"]) == ("preference", 4)
+    body, headers = _multipart(("file", "e.jsonl", EVAL_MATH), ("purpose", None, b"train"))
+    r = client.post("/v1/files", headers={**team_a.headers, **headers}, content=body)
+    assert r.status_code == 422 and r.json()["error"]["errors"][0]["field"] == "(columns)"
+    assert len(stored_objects(store)) == 1
+
+
+@pytest.mark.parametrize(
+    "parts,status,field",
+    [
+        ([("purpose", None, b"train"), ("file", None, PREFERENCE)], 422, "file"),
+        (
+            [
+                ("purpose", None, b"train"),
+                ("file", "a.jsonl", PREFERENCE),
+                ("purpose", None, b"eval"),
+            ],
+            422,
+            "purpose",
+        ),
+        (
+            [("purpose", None, b"train"), ("file", "a.jsonl", PREFERENCE), ("file", "b", GOOD)],
+            422,
+            "file",
+        ),
+    ],
+)
+def test_odd_multipart_bodies_are_4xx_and_leave_nothing(
+    client, team_a, store, db_sessions, parts, status, field
+):
+    body, headers = _multipart(*parts)
+    r = client.post("/v1/files", headers={**team_a.headers, **headers}, content=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["field"] == field
+    assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
+
+
+def test_a_body_cut_before_its_last_boundary_is_400_and_leaves_nothing(
+    client, team_a, store, db_sessions
+):
+    body, headers = _multipart(("purpose", None, b"train"), ("file", "a.jsonl", PREFERENCE))
+    r = client.post("/v1/files", headers={**team_a.headers, **headers}, content=body[:-30])
+    assert r.status_code == 400, r.text
+    assert _file_rows(db_sessions) == 0 and stored_objects(store) == []

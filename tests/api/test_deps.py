@@ -1,0 +1,81 @@
+"""api/deps.py under concurrency: request sessions never deadlock the thread pool against the
+connection pool, and the Celery client is created once however many threads enqueue at once."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import httpx
+
+from api.main import create_app
+from models.db import make_engine, make_session_factory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_burst_larger_than_the_pools_is_served_without_deadlock(
+    db_url, settings, store, queue, team_a
+):
+    """One pooled connection, four worker threads, twenty concurrent requests. Without the
+    request-session limit, the requests blocked in the pool's checkout hold every worker
+    thread while the one owning the connection waits for a thread: nothing moves until the
+    pool timeout turns the burst into 500s."""
+    engine = make_engine(db_url, pool_size=1, max_overflow=0, pool_timeout=5)
+    factory = make_session_factory(engine)
+    app = create_app(settings, store=store, queue=queue, session_factory=factory)
+
+    async def burst() -> list[int]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 4
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            responses = await asyncio.gather(
+                *(client.get("/v1/jobs", headers=team_a.headers) for _ in range(20))
+            )
+        return [r.status_code for r in responses]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(burst(), 60)) == [200] * 20
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_first_enqueues_create_one_celery_client():
+    """celery swaps its package for a lazy module on first import; threads importing it at
+    once used to get "cannot import name 'Celery'" (a fresh interpreter: first import)."""
+    code = textwrap.dedent(
+        """
+        import threading
+        from api.deps import CeleryQueue
+
+        queue, barrier, apps, errors = CeleryQueue("redis://127.0.0.1:1/0"), threading.Barrier(16), [], []
+
+        def first_use():
+            barrier.wait()
+            try:
+                apps.append(queue._app())
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=first_use) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        print(len(errors), len({id(a) for a in apps}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "1"], done.stdout + done.stderr
