@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.observability import current_request_id
@@ -125,6 +126,18 @@ def install_error_handlers(app: FastAPI) -> None:
         }
         return JSONResponse(error_body(503, detail), status_code=503, headers={"Retry-After": "5"})
 
+    async def invalid_data(request: Request, exc: Exception) -> JSONResponse:
+        # the database refused a value the request carried (PostgreSQL: a NUL character in
+        # text or JSON, "?after=%00"): the client's input, not a server fault
+        log.warning("database refused a request value: %s", str(exc).splitlines()[0][:200])
+        detail = {
+            "message": "a value in the request cannot be stored or searched "
+            "(for instance a NUL character)",
+            "type": "invalid_request_error",
+        }
+        return JSONResponse(error_body(422, detail), status_code=422)
+
+    app.add_exception_handler(DataError, invalid_data)
     app.add_exception_handler(StorageUnavailableError, storage_unavailable)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, request_validation_error)
