@@ -42,6 +42,7 @@ from models.tables import (
     Job,
     JobEvent,
     JobMetric,
+    Team,
 )
 
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -490,7 +491,16 @@ def stale_queued(
 
 def active_job_count(session: Session, team_id: str, limit: int | None = None) -> int:
     """The team's active jobs, counted up to `limit` when given (enough to enforce a quota
-    without counting every row of a team with many)."""
+    without counting every row of a team with many).
+
+    With a limit (a quota check before a create) the team's row is locked first (FOR NO KEY
+    UPDATE, until the transaction ends), so concurrent creates of one team count one after
+    the other instead of all seeing room for one more; rows referencing the team are not
+    blocked. SQLite ignores the lock (its writers are serialised anyway)."""
+    if limit is not None:
+        session.execute(
+            select(Team.id).where(Team.id == team_id).with_for_update(key_share=True)
+        )
     active = select(Job.id).where(Job.team_id == team_id, Job.status.in_(ACTIVE_STATUSES))
     if limit is not None:
         active = active.limit(limit)

@@ -139,3 +139,34 @@ def test_concurrent_uploads_with_one_key_store_one_file(live_server, db_sessions
     assert ok and len({r.json()["id"] for r in ok}) == 1
     assert _count(db_sessions, File) == 1
     assert len(stored_objects(store)) == 1  # the losers' objects were deleted
+
+
+def test_concurrent_creates_respect_the_active_job_limit(live_server, settings, db_sessions):
+    """Regression (found by the API-kill fault test): the quota was check-then-insert, so a
+    burst of creates made 12 jobs under a limit of 10. The team row is now locked."""
+    base, key = live_server
+    with httpx.Client(base_url=base, timeout=60) as http:
+        r = http.post(
+            "/v1/files",
+            headers={"Authorization": f"Bearer {key}"},
+            files={"file": ("t.jsonl", PREFERENCE, "application/jsonl")},
+            data={"purpose": "train"},
+        )
+        file_id = r.json()["id"]
+    n = 20
+    barrier = threading.Barrier(n)
+
+    def submit(i):
+        with httpx.Client(base_url=base, timeout=60) as http:
+            barrier.wait()
+            return http.post(
+                "/v1/jobs",
+                headers={"Authorization": f"Bearer {key}", "Idempotency-Key": f"q-{i}"},
+                json=job_body(file_id),
+            ).status_code
+
+    with ThreadPoolExecutor(n) as pool:
+        codes = list(pool.map(submit, range(n)))
+    assert codes.count(201) == settings.MAX_JOBS_PER_TEAM, codes
+    assert set(codes) == {201, 429}, codes
+    assert _count(db_sessions, Job) == settings.MAX_JOBS_PER_TEAM
