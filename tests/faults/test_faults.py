@@ -44,7 +44,7 @@ from tests.worker.conftest import (  # noqa: F401 - fixtures
     stack,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 
 def _free_port() -> int:
