@@ -105,6 +105,8 @@ def main() -> int:
         steps = [c.step for c in client.jobs.checkpoints(job.id)]
         print(f"{variant:<20}{last['loss']:>8.4f}{last.get('rewards/margins', 0):>9.4f}"
               f"{last.get('clamp_frac', 0):>9.3f}  steps {steps}")
+    print("(humanline scores each step against the policy of the step before, so its loss stays\n"
+          " near log 2 and its margin near 0 by design; compare variants by evaluation, not loss)")
     print(f"\nObjects (checkpoints, final models): {DEMO / 'objects'}")
     print(f"Run directories (metrics.jsonl, events.jsonl, data_quality.json): {DEMO / 'work'}")
     print(f"Database: {DEMO / 'humanline.db'}   wall-clock: {time.time() - t0:.0f} s")
