@@ -183,7 +183,7 @@ def test_jobs_survive_s3_db_worker_and_broker_faults(
     db_url,
     tmp_path,
 ):
-    steps, every = 40, 5
+    steps, every = 400, 50  # both jobs still train when the faults strike, even on a quiet machine
     logs = celery_workers.logs
     workers = [celery_workers.start(stack.env, name=f"f{i}") for i in range(2)]
     file_id = stack.upload()

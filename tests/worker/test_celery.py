@@ -121,7 +121,7 @@ def test_cancel_during_training_stops_with_a_checkpoint(stack, celery_workers, s
 def test_killed_worker_job_resumes_on_a_new_worker_bit_exactly(
     stack, celery_workers, s3_server, tmp_path
 ):
-    steps, every = 40, 5
+    steps, every = 200, 20  # long enough that the kill always lands mid-run on a quiet machine
     worker_a = celery_workers.start(stack.env, name="a")
     job_id = stack.submit(stack.upload(), max_steps=steps, checkpoint_every=every)
 
