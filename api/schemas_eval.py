@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,10 +20,6 @@ from trainer.spec.evaluation import (  # noqa: F401  (re-exported for the routes
 
 EvalStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EVAL_FORMATS: dict[str, str] = {"instruction": "eval_instruction", "math": "eval_math"}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class EvaluationCreate(EvalRequest):

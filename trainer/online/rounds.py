@@ -66,7 +66,10 @@ class OnlineData:
         self.acc, self.total = accelerator, total
         # The sampler sees the whole prompt, training its tokens cut to max_prompt_length: a
         # prompt that does not fit would be trained on a context it was not sampled from.
-        self.records = [r for r in records if len(chat.prompt(r["prompt"])[1]) < spec.max_prompt_length]
+        rendered = [(r, chat.prompt(r["prompt"])[1]) for r in records]
+        kept = [(r, ids) for r, ids in rendered if len(ids) < spec.max_prompt_length]
+        self.records = [r for r, _ in kept]
+        self.prompt_ids = [ids for _, ids in kept]  # rendered once, reused every round
         self.skipped = len(records) - len(self.records)
         if not self.records:
             raise ValueError(f"no prompt fits max_prompt_length={spec.max_prompt_length} tokens")
@@ -110,11 +113,11 @@ class OnlineData:
         was_training = policy.training
         policy.eval()
         while len(examples) < needed and used < budget:
-            chunk = [self._next_record() for _ in range(min(needed // per_prompt + 1, budget - used))]
+            picked = [self._next_index() for _ in range(min(needed // per_prompt + 1, budget - used))]
             seed = self.spec.seed * 7919 + index * 131 + used
-            used += len(chunk)
-            groups = self._sample_and_score(chunk, seed, totals, scores)
-            prompt_ids = [self.chat.prompt(r["prompt"])[1] for r in chunk]
+            used += len(picked)
+            groups = self._sample_and_score([self.records[i] for i in picked], seed, totals, scores)
+            prompt_ids = [self.prompt_ids[i] for i in picked]
             examples.extend(self.recipe.from_samples(groups, prompt_ids, self.chat, cfg))
         policy.train(was_training)
         if len(examples) < self.spec.global_batch_size:
@@ -168,12 +171,13 @@ class OnlineData:
         self.plan = BatchPlan(len(r.examples), self.spec.global_batch_size, self.spec.grad_accum,
                               acc.num_processes, acc.process_index, self.spec.seed + r.index, r.end - r.start + 1)
 
-    def _next_record(self) -> dict:
+    def _next_index(self) -> int:
+        """The next prompt of a seeded permutation per epoch of the prompt file."""
         n = len(self.records)
         epoch, pos = divmod(self.cursor, n)
         gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
         self.cursor += 1
-        return self.records[int(torch.randperm(n, generator=gen)[pos])]
+        return int(torch.randperm(n, generator=gen)[pos])
 
     def close(self) -> None:
         """Stop the reward sources' helpers (the verifier's child process) and the engine."""
