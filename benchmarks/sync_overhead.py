@@ -11,7 +11,9 @@ Figures (targets from the trainer issue):
      interleaved in one process (our step runs inside TRL's step-end callback); peak RSS from
      one child each (ours ≤ TRL's).
 
-Batch: 4 pairs of ~64 prompt + 64 chosen + 64 rejected tokens, fp32, CPU threads as given.
+Batch: 4 pairs of ~64 prompt + 64 chosen + 64 rejected tokens, CPU threads as given, both sides
+in the same precision: `--precision fp32` (default, the issue's setting) or `bf16` (autocast
+over fp32 weights, TRL's own default, fast on CPUs with AMX).
 `--quick` runs the same on tiny-llama in under a minute (the targets apply to SmolLM2).
 The last line printed is one JSON object with every figure and its target.
 """
@@ -72,10 +74,15 @@ def make_data(model: str, path: Path, n: int = 64, tokens: int = 64) -> Path:
     return path
 
 
+# --precision, passed to the child processes through the environment: both sides always run
+# the same arithmetic (TRL's own default is bf16 autocast, ours is fp32).
+PRECISION = os.environ.get("SYNC_BENCH_PRECISION", "fp32")
+
+
 def make_spec(model: str, data: Path, variant: str, adapter: str, steps: int):
     from trainer.spec.job import JobSpec
 
-    return JobSpec.model_validate({
+    return JobSpec.model_validate({"precision": PRECISION,
         "base_model": model, "training_file": str(data), "objective": "dpo", "variant": variant,
         "batch_size": 4, "max_steps": steps, "max_prompt_length": 72, "max_length": 144,
         "quality_sample": 0, "adapter": {"kind": "lora", "r": 16, "alpha": 32} if adapter == "lora" else {"kind": "none"},
@@ -136,6 +143,7 @@ def trl_trainer(model: str, data: Path, steps: int, out: str, callbacks=()):
         sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0,
         learning_rate=5e-6, report_to=[], save_strategy="no", logging_steps=10**6,
         use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
+        bf16=PRECISION == "bf16",  # TRL's default is bf16 autocast; the comparison needs equal precision
     )
     trainer = DPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir), args=cfg,
@@ -194,6 +202,7 @@ def run_child(*args: str) -> dict:
 
 
 def main() -> None:
+    global PRECISION
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny-llama, few steps (< 60 s)")
     ap.add_argument("--model", default=None)
@@ -201,8 +210,11 @@ def main() -> None:
     ap.add_argument("--parts", default="interleaved,memory,trl",
                     help="comma-separated subset of interleaved (A), memory (B), trl (C)")
     ap.add_argument("--adapters", default="lora,full", help="comma-separated: lora, full")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default=os.environ.get("SYNC_BENCH_PRECISION", "fp32"),
+                    help="both sides: fp32, or bf16 autocast over fp32 weights (TRL's default)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    PRECISION = os.environ["SYNC_BENCH_PRECISION"] = args.precision
     if args.child:
         kind, model, data, *rest = args.child
         if kind == "trl":
@@ -216,7 +228,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     data = make_data(model, tmp / "pairs.jsonl")
     result: dict = {"model": model, "steps": steps, "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
-                    "batch": "4 pairs x (64 prompt + 64 chosen + 64 rejected) tokens, fp32"}
+                    "batch": f"4 pairs x (64 prompt + 64 chosen + 64 rejected) tokens, {PRECISION}"}
     parts, targets, met = set(args.parts.split(",")), {}, {}
     for adapter in args.adapters.split(","):
         a: dict = {}
@@ -238,8 +250,9 @@ def main() -> None:
         mem_ours = run_child("ours", model, str(data), "offline+humanline", "full", "3")
         vs.update(trl_peak_rss_mb=mem_trl["peak_rss_mb"], ours_peak_rss_mb=mem_ours["peak_rss_mb"],
                   rss_ratio=mem_ours["peak_rss_mb"] / mem_trl["peak_rss_mb"],
-                  memory_savers={"trl": "gradient checkpointing (TRL default), reference model copy",
-                                 "ours": "no reference model (lookahead log-probs), logits only on completion positions, no checkpointing"})
+                  memory_savers={"trl": "gradient checkpointing (TRL default), fused LM head (log-probs without full logits); keeps a reference model copy",
+                                 "ours": "no reference model (lookahead log-probs), each pair's prompt run once (shared prefix), "
+                                         "logits only on completion positions; no checkpointing"})
         result["vs_trl"] = vs
         targets.update({"vs_trl.ratio": "<= 0.70", "vs_trl.rss_ratio": "<= 1.00"})
         met.update({"vs_trl.ratio": vs["ratio"] <= 0.70, "vs_trl.rss_ratio": vs["rss_ratio"] <= 1.0})

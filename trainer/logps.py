@@ -12,13 +12,29 @@ def token_logps(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
 
     `logits_to_keep` makes the model project only the kept positions onto the vocabulary;
     gather − logsumexp avoids materialising a second [N, T, V] tensor for log_softmax.
+    A batch with a shared prefix runs in two passes (trainer.tokenize.SharedPrefix).
     """
     device = next(model.parameters()).device
+    attention_mask = batch.attention_mask.to(device)
+    extra = {}
+    if (prefix := batch.prefix) is not None:
+        index = prefix.index.to(device)
+        cache = model(
+            input_ids=prefix.input_ids.to(device),
+            attention_mask=prefix.attention_mask.to(device),
+            use_cache=True,
+            logits_to_keep=1,  # the prefix predicts nothing we score
+        ).past_key_values
+        cache.reorder_cache(index)  # one copy of the prompt's keys and values per row
+        attention_mask = torch.cat([prefix.attention_mask.to(device)[index], attention_mask], dim=1)
+        steps = torch.arange(batch.input_ids.shape[1], device=device)
+        extra = {"past_key_values": cache, "position_ids": prefix.lengths.to(device)[:, None] + steps}
     out = model(
         input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
+        attention_mask=attention_mask,
         logits_to_keep=batch.positions.to(device),
         use_cache=False,
+        **extra,
     )
     logits = out.logits.float()
     labels = batch.labels.to(device)

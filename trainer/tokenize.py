@@ -93,38 +93,80 @@ class ChatTokenizer:
 
 
 @dataclass
+class SharedPrefix:
+    """Prompts that several rows share (a DPO pair, a GRPO group), run through the model once.
+
+    A prefix is its prompt minus the last token; that token opens each row's suffix, so the
+    suffix pass predicts every completion token. Keys and values of the prefix pass are
+    gathered per row (`index`) and the suffix attends to them: the same attention as one
+    pass over prompt + completion, for a quarter fewer tokens on a DPO batch of 64-token
+    prompts and completions.
+    """
+
+    input_ids: torch.Tensor  # [P, Lp] right-padded
+    attention_mask: torch.Tensor  # [P, Lp]
+    index: torch.Tensor  # [N] the prefix row of each batch row
+    lengths: torch.Tensor  # [N] prefix tokens of each row: where its suffix's positions start
+
+
+@dataclass
 class TokenBatch:
-    """Right-padded sequences; `positions` are the logit rows that predict completion tokens."""
+    """Right-padded sequences; `positions` are the logit rows that predict completion tokens.
+
+    With a `prefix`, `input_ids` holds each row's suffix only (see SharedPrefix)."""
 
     input_ids: torch.Tensor  # [N, L]
     attention_mask: torch.Tensor  # [N, L]
     positions: torch.Tensor  # [T] indices into L (shared by all rows)
     labels: torch.Tensor  # [N, T] the token each kept position predicts
     mask: torch.Tensor  # [N, T] 1.0 on completion tokens
+    prefix: SharedPrefix | None = None
+    seq_tokens: int = 0  # prompt + completion tokens of all rows, however they are run
 
     @property
     def num_tokens(self) -> int:
         return int(self.mask.sum().item())
 
 
-def collate(seqs: Sequence[TokenSeq], pad_id: int) -> TokenBatch:
+def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attn[i, : len(row)] = 1
+    return ids, attn
+
+
+def collate(seqs: Sequence[TokenSeq], pad_id: int, share_prompts: bool = True) -> TokenBatch:
     """Pad to the longest sequence; keep logits only from the earliest completion onwards.
 
     Computing the output layer only where some row has a completion token saves most of the
-    prompt's (vocab-sized) logits, the largest activation of a small model.
+    prompt's (vocab-sized) logits, the largest activation of a small model. Rows that share a
+    prompt share one prefix pass (see SharedPrefix).
     """
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in seqs]
-    width = max(lengths)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    is_completion = torch.zeros((len(seqs), width), dtype=torch.bool)
+    total = sum(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
+    prompts = list(dict.fromkeys(s.prompt_ids for s in seqs))
+    if share_prompts and len(prompts) < len(seqs) and min(len(p) for p in prompts) >= 2:
+        return _collate_shared(seqs, prompts, pad_id, total)
+    ids, attn = _pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
+    is_completion = torch.zeros_like(attn, dtype=torch.bool)
     for i, s in enumerate(seqs):
-        row = list(s.prompt_ids) + list(s.completion_ids)
-        ids[i, : len(row)] = torch.tensor(row)
-        attn[i, : len(row)] = 1
-        is_completion[i, len(s.prompt_ids) : len(row)] = True
+        is_completion[i, len(s.prompt_ids) : len(s.prompt_ids) + len(s.completion_ids)] = True
     start = max(1, min(len(s.prompt_ids) for s in seqs))  # templates always emit a prompt
-    positions = torch.arange(start - 1, width - 1)
-    labels = ids[:, start:]
-    mask = is_completion[:, start:].float()
-    return TokenBatch(ids, attn, positions, labels, mask)
+    positions = torch.arange(start - 1, ids.shape[1] - 1)
+    return TokenBatch(ids, attn, positions, ids[:, start:], is_completion[:, start:].float(), seq_tokens=total)
+
+
+def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int, total: int) -> TokenBatch:
+    slot = {p: i for i, p in enumerate(prompts)}
+    pre_ids, pre_attn = _pad([p[:-1] for p in prompts], pad_id)
+    prefix = SharedPrefix(
+        pre_ids, pre_attn,
+        index=torch.tensor([slot[s.prompt_ids] for s in seqs], dtype=torch.long),
+        lengths=torch.tensor([len(s.prompt_ids) - 1 for s in seqs], dtype=torch.long),
+    )
+    ids, attn = _pad([s.prompt_ids[-1:] + s.completion_ids for s in seqs], pad_id)
+    positions = torch.arange(0, ids.shape[1] - 1)
+    mask = attn[:, 1:].float()  # every suffix token after the first is a completion token
+    return TokenBatch(ids, attn, positions, ids[:, 1:], mask, prefix=prefix, seq_tokens=total)
