@@ -106,16 +106,28 @@ def serve(
     migrate_first: Annotated[
         bool, typer.Option("--migrate/--no-migrate", help="Upgrade the schema before serving.")
     ] = True,
+    workers: Annotated[
+        int, typer.Option(min=1, help="API processes (one per core); 1 with BROKER_URL=memory://.")
+    ] = 1,
 ) -> None:
     """Serve the API; with BROKER_URL=memory:// also run jobs in this process."""
     import uvicorn
 
-    from api.main import create_app
+    from api.main import create_app, tune_serving_process
 
     settings = get_settings()
     if migrate_first:
         migrate_database(settings.DATABASE_URL)
+    if workers > 1:
+        if settings.embedded_worker:
+            raise SystemExit("--workers > 1 needs a broker: the embedded worker runs in one process")
+        uvicorn.run(
+            "api.main:server_app", factory=True, workers=workers, access_log=False,
+            host=host or settings.HOST, port=port or settings.PORT,
+        )
+        return
     application = create_app(settings)
+    tune_serving_process()
     worker = start_embedded_worker(settings)
     try:
         uvicorn.run(

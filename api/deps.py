@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import json
 import logging
+import queue
 import re
 import threading
 from collections.abc import AsyncIterator
@@ -26,12 +27,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
+from starlette.concurrency import run_in_threadpool
 
 from api.errors import api_error
+from api.keycache import KeyCache, TeamRef
 from api.ratelimit import AuthFailureLimiter
 from models.settings import Settings
-from models.tables import IdempotencyKey, Team
-from models.teams import team_for_key
+from models.tables import IdempotencyKey
+from models.teams import hash_secret, team_for_key
 from storage import ObjectStore
 
 log = logging.getLogger("humanline.api")
@@ -98,10 +101,34 @@ class EmbeddedQueue:
         embedded.enqueue(job_id)
 
 
+class BackgroundQueue:
+    """Hands job ids to one sender thread, so a POST does not wait on the broker (a Redis
+    round trip plus kombu's framing: a fifth of the route's time). An id still in memory when
+    the process dies was committed as `queued`: the worker's sweep sends it again."""
+
+    def __init__(self, inner: JobQueue):
+        self.inner = inner
+        self._ids: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def enqueue(self, job_id: str) -> None:
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._send, name="job-sender", daemon=True)
+                    self._thread.start()
+        self._ids.put(job_id)
+
+    def _send(self) -> None:
+        while True:
+            enqueue_after_commit(self.inner, self._ids.get())
+
+
 def default_queue(settings: Settings) -> JobQueue:
     if settings.embedded_worker:
         return EmbeddedQueue()
-    return CeleryQueue(settings.BROKER_URL, settings.CELERY_QUEUE)
+    return BackgroundQueue(CeleryQueue(settings.BROKER_URL, settings.CELERY_QUEUE))
 
 
 def enqueue_after_commit(queue: JobQueue, job_id: str) -> None:
@@ -226,11 +253,27 @@ def auth_limiter(request: Request) -> AuthFailureLimiter:
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer hl_...`")
 
 
-def get_current_team(
+def key_cache(request: Request) -> KeyCache:
+    """The app's cache of verified keys (api/keycache.py), made on first use."""
+    cache = getattr(request.app.state, "key_cache", None)
+    if cache is None:
+        ttl = request.app.state.settings.AUTH_CACHE_SECONDS
+        cache = request.app.state.key_cache = KeyCache(ttl)
+    return cache
+
+
+def _lookup_team(session: Session, secret: str) -> TeamRef | None:
+    team = team_for_key(session, secret)
+    return None if team is None else TeamRef(team.id, team.name)
+
+
+async def get_current_team(
     request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Team:
+) -> TeamRef:
+    """The key's team. Async: a key verified in the last AUTH_CACHE_SECONDS costs no query
+    and no thread hop; only a lookup runs in a worker thread."""
     challenge = {"WWW-Authenticate": "Bearer"}
     limiter, client = auth_limiter(request), request.client.host if request.client else "?"
     if (wait := limiter.retry_after(client)) is not None:
@@ -242,15 +285,20 @@ def get_current_team(
         raise api_error(
             401, "missing API key: send 'Authorization: Bearer hl_...'", headers=challenge
         )
-    team = team_for_key(session, credentials.credentials.strip())
+    secret = credentials.credentials.strip()
+    cache, digest = key_cache(request), hash_secret(secret)
+    team = cache.get(digest)
     if team is None:
-        limiter.failure(client)
-        raise api_error(401, "invalid or revoked API key", headers=challenge)
+        team = await run_in_threadpool(_lookup_team, session, secret)
+        if team is None:
+            limiter.failure(client)
+            raise api_error(401, "invalid or revoked API key", headers=challenge)
+        cache.put(digest, team)
     request.state.team_id = team.id  # for the access log; never the key itself
     return team
 
 
-CurrentTeam = Annotated[Team, Depends(get_current_team)]
+CurrentTeam = Annotated[TeamRef, Depends(get_current_team)]
 
 
 # --- idempotency ------------------------------------------------------------------------------

@@ -151,7 +151,9 @@ class JobOut(BaseModel):
         variant = spec.get("data_source", "offline") + (
             "+humanline" if spec.get("humanline") else ""
         )
-        return cls(
+        # built from a row the service wrote (no validation): a page of 20 jobs with their
+        # specs is the hottest read of the API
+        return cls.model_construct(
             id=row.id,
             status=row.status,
             base_model=row.base_model,  # type: ignore[arg-type]

@@ -14,4 +14,4 @@ RUN useradd --uid 10001 --create-home humanline
 USER humanline
 EXPOSE 8000
 HEALTHCHECK CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz')"
-CMD ["humanline-server", "serve", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["humanline-server", "serve", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

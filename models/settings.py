@@ -80,6 +80,16 @@ class Settings(BaseSettings):
     SSE_POLL_SECONDS: float = Field(1.0, gt=0, description="DB poll period of event streams.")
     SSE_KEEPALIVE_SECONDS: float = Field(15.0, gt=0)
     PRESIGN_SECONDS: int = Field(3600, ge=1, description="Lifetime of checkpoint download URLs.")
+    DB_POOL_SIZE: int = Field(
+        12, ge=1, description="Database connections an API process keeps open. Under load all "
+        "stay busy: connections beyond the pool (DB_MAX_OVERFLOW) are opened and closed per "
+        "use, and a PostgreSQL connection costs a backend process to start."
+    )
+    DB_MAX_OVERFLOW: int = Field(4, ge=0)
+    AUTH_CACHE_SECONDS: float = Field(
+        5.0, ge=0, description="How long a verified API key is trusted without a DB lookup "
+        "(a revoked key keeps working this long on each API process); 0: look up every request."
+    )
     LOG_LEVEL: str = "INFO"
     LOG_JSON: bool = True
 
@@ -95,6 +105,12 @@ class Settings(BaseSettings):
     @property
     def allowed_reward_models(self) -> tuple[str, ...]:
         return tuple(m.strip() for m in self.ALLOWED_REWARD_MODELS.split(",") if m.strip())
+
+    def pool_options(self) -> dict[str, Any]:
+        """Keyword arguments for models.db.make_engine (SQLite keeps SQLAlchemy's own pool)."""
+        if self.DATABASE_URL.startswith("sqlite"):
+            return {}
+        return {"pool_size": self.DB_POOL_SIZE, "max_overflow": self.DB_MAX_OVERFLOW}
 
     def storage_options(self) -> dict[str, Any]:
         """Keyword arguments for storage.open_store (S3 only; ignored by the local store)."""

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from sqlalchemy import select
@@ -47,6 +48,11 @@ _META_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _META_FILTER = re.compile(r"^metadata\[(.+)\]$")
 MAX_META_VALUE = 512
 SSE_BATCH = 500
+JOB_OUT_COLUMNS = (
+    Job.id, Job.status, Job.base_model, Job.objective, Job.meta, Job.attempt, Job.current_step,
+    Job.total_steps, Job.error, Job.result, Job.created_at, Job.updated_at, Job.started_at,
+    Job.finished_at, Job.spec,
+)  # what JobOut.of reads
 
 
 def accepted_formats(spec: JobSpec) -> tuple[str, ...]:
@@ -136,7 +142,8 @@ def create_job(
     """Submit a training job: the body is a JobSpec whose `training_file` is a file id.
 
     The job is committed as `queued`, then handed to the workers."""
-    req_hash = request_hash(spec.model_dump(mode="json", exclude_unset=True))
+    # only a request with an Idempotency-Key is ever compared with another
+    req_hash = request_hash(spec.model_dump(mode="json", exclude_unset=True)) if idem.key else ""
     if (replayed := idem.replay(req_hash)) is not None:
         return replayed
     if spec.base_model not in settings.allowed_base_models:
@@ -152,14 +159,6 @@ def create_job(
         check_eval_file(session, team.id, ev, where=f"evaluations.{i}.")
         check_judge(ev, settings, where=f"evaluations.{i}.")
     training_file = _training_file(session, team.id, spec)
-    active = job_states.active_job_count(session, team.id, limit=settings.MAX_JOBS_PER_TEAM)
-    if active >= settings.MAX_JOBS_PER_TEAM:
-        raise api_error(
-            429,
-            f"at most {settings.MAX_JOBS_PER_TEAM} active jobs per team; "
-            "wait for one to finish or cancel one",
-            headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
-        )
     job = job_states.create_job(
         session,
         team_id=team.id,
@@ -168,10 +167,20 @@ def create_job(
         training_file_id=training_file.id,
     )
     body = JobOut.of(job).model_dump(mode="json")
+    # The quota check comes last: near the limit it locks the team's row until the commit
+    # just below, so concurrent creates of one team wait for two statements, not the route.
+    limit = settings.MAX_JOBS_PER_TEAM
+    if not job_states.within_quota(session, team.id, limit):
+        session.rollback()
+        raise api_error(
+            429,
+            f"at most {limit} active jobs per team; wait for one to finish or cancel one",
+            headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
+        )
     if (winner := idem.commit(req_hash, 201, body)) is not None:
         return winner
     enqueue_after_commit(queue, job.id)  # after the commit: the worker must find the row
-    return JSONResponse(body, status_code=201)
+    return Response(orjson.dumps(body), status_code=201, media_type="application/json")
 
 
 # --- read --------------------------------------------------------------------------------------
@@ -187,7 +196,8 @@ def list_jobs(
     status: JobStatus | None = None,
 ):
     """Newest first. Filter with `status=` and any number of `metadata[key]=value`."""
-    query = select(Job).where(Job.team_id == team.id)
+    # Columns, not ORM objects: a page of rows is read without the identity map's bookkeeping
+    query = select(*JOB_OUT_COLUMNS).where(Job.team_id == team.id)
     if status is not None:
         query = query.where(Job.status == status)
     for name, value in request.query_params.multi_items():
@@ -202,7 +212,7 @@ def list_jobs(
         query = query.where(Job.meta[key].as_string() == value)
     if after is not None:
         query = query.where(Job.id < after)
-    rows = list(session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).scalars())
+    rows = session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).all()
     end_transaction(session)
     data = [JobOut.of(r) for r in rows[:limit]]
     page = Page[JobOut](

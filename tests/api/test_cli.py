@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import pytest
@@ -93,8 +94,27 @@ def test_embedded_queue_hands_jobs_to_the_worker(monkeypatch):
 def test_default_queue_follows_the_broker_url():
     assert isinstance(deps.default_queue(Settings(BROKER_URL="memory://")), deps.EmbeddedQueue)
     queue = deps.default_queue(Settings(BROKER_URL="redis://h:6379/0", CELERY_QUEUE="gpu-a100"))
-    assert isinstance(queue, deps.CeleryQueue) and queue.queue == "gpu-a100"
-    assert isinstance(queue, deps.JobQueue)
+    assert isinstance(queue, deps.BackgroundQueue) and isinstance(queue, deps.JobQueue)
+    assert isinstance(queue.inner, deps.CeleryQueue) and queue.inner.queue == "gpu-a100"
+
+
+def test_background_queue_sends_in_order_and_survives_broker_errors(caplog):
+    sent, done = [], threading.Event()
+
+    class Flaky:
+        def enqueue(self, job_id):
+            if job_id == "job-2":
+                raise ConnectionError("broker down")
+            sent.append(job_id)
+            if job_id == "job-4":
+                done.set()
+
+    queue = deps.BackgroundQueue(Flaky())
+    for i in range(1, 5):
+        queue.enqueue(f"job-{i}")  # returns at once: the sender thread talks to the broker
+    assert done.wait(10)
+    assert sent == ["job-1", "job-3", "job-4"]  # job-2 stays queued in the DB for the sweep
+    assert any("could not enqueue" in r.getMessage() for r in caplog.records)
 
 
 def test_celery_queue_sends_run_job_by_name(monkeypatch):
@@ -125,3 +145,14 @@ def test_celery_queue_reaches_a_real_redis_broker():
         assert b"worker.tasks.run_job" in client.lindex(name, 0)
     finally:
         client.delete(name)
+
+
+def test_serve_with_several_workers_needs_a_broker(env_db, monkeypatch):
+    monkeypatch.setenv("BROKER_URL", "memory://")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["serve", "--workers", "2", "--no-migrate"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code != 0
+    assert "needs a broker" in str(result.exception) + result.output

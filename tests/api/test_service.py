@@ -7,9 +7,12 @@ import json
 import logging
 import subprocess
 import sys
+import time
 
 import pytest
+from fastapi.testclient import TestClient
 
+from api.main import create_app
 from api.observability import JsonFormatter
 from models.tables import ApiKey
 from models.teams import revoke_api_key
@@ -48,13 +51,37 @@ def test_requests_without_a_valid_key_are_401(client, team_a, headers):
         assert r.headers["www-authenticate"] == "Bearer"
 
 
-def test_revoked_key_is_401(client, team_a, db_sessions):
-    assert client.get("/v1/files", headers=team_a.headers).status_code == 200
+def _revoke_all(db_sessions, team_id: str) -> None:
     with db_sessions() as s:
-        key = s.query(ApiKey).filter_by(team_id=team_a.id).one()
-        revoke_api_key(s, key.id)
+        for key in s.query(ApiKey).filter_by(team_id=team_id).all():
+            revoke_api_key(s, key.id)
         s.commit()
+
+
+def test_revoked_key_is_401_at_once_without_key_cache(settings, store, queue, db_sessions, team_a):
+    app = create_app(settings.model_copy(update={"AUTH_CACHE_SECONDS": 0}), store=store, queue=queue,
+                     session_factory=db_sessions)
+    client = TestClient(app)
+    assert client.get("/v1/files", headers=team_a.headers).status_code == 200
+    _revoke_all(db_sessions, team_a.id)
     _assert_error(client.get("/v1/files", headers=team_a.headers), 401)
+
+
+def test_revoked_key_is_401_once_its_cache_entry_expires(settings, store, queue, db_sessions, team_a):
+    """The documented trade-off of AUTH_CACHE_SECONDS: a verified key is trusted that long."""
+    ttl = 0.5
+    app = create_app(settings.model_copy(update={"AUTH_CACHE_SECONDS": ttl}), store=store, queue=queue,
+                     session_factory=db_sessions)
+    client = TestClient(app)
+    verified = time.monotonic()
+    assert client.get("/v1/files", headers=team_a.headers).status_code == 200
+    _revoke_all(db_sessions, team_a.id)
+    if time.monotonic() - verified < ttl * 0.8:  # still inside the window (a slow machine may not be)
+        assert client.get("/v1/files", headers=team_a.headers).status_code == 200
+    time.sleep(max(0.0, verified + ttl - time.monotonic()) + 0.05)
+    _assert_error(client.get("/v1/files", headers=team_a.headers), 401)
+    # an unknown key is never remembered: every guess is looked up (and rate-limited)
+    assert app.state.key_cache._entries == {}
 
 
 def test_request_id_is_echoed_or_made(client, team_a):

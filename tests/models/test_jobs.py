@@ -354,3 +354,30 @@ def test_active_job_count(db_sessions, new_job, team_id):
         jobs.request_cancel(s, a)
         s.commit()
         assert jobs.active_job_count(s, team_id) == 1
+
+
+def test_within_quota_counts_every_active_job(db_sessions, new_job, team_id):
+    new_job(), new_job()
+    with db_sessions() as s:
+        assert jobs.within_quota(s, team_id, 2)
+        assert not jobs.within_quota(s, team_id, 1)
+        assert jobs.within_quota(s, team_id, 2 + jobs.QUOTA_HEADROOM)  # the unlocked path
+
+
+def test_within_quota_locks_the_team_only_near_the_limit(db_sessions, new_job, team_id, db_url):
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite has no row locks")
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    from models.tables import Team
+
+    new_job()
+    with db_sessions() as holder, db_sessions() as s:
+        # another create of this team, between its quota check and its commit
+        holder.execute(select(Team.id).where(Team.id == team_id).with_for_update(key_share=True))
+        s.execute(text("SET LOCAL lock_timeout = '300ms'"))
+        assert jobs.within_quota(s, team_id, 1 + jobs.QUOTA_HEADROOM)  # far: no wait
+        with pytest.raises(OperationalError, match="lock timeout"):
+            jobs.within_quota(s, team_id, 10)  # near the limit: waits its turn
+        holder.rollback()
