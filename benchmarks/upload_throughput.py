@@ -2,7 +2,7 @@
 
 The benchmark writes a TRL-style preference file ({"prompt", "chosen", "rejected"} strings,
 a few hundred bytes to a few KB per line, some non-ASCII text and escaped newlines) to a
-temporary directory, starts `uvicorn --factory api.main:create_app` as a subprocess on a fresh
+temporary directory, starts `uvicorn --factory api.main:server_app` as a subprocess on a fresh
 database (SQLite by default, or --database-url) and a local object store, and uploads the file
 with httpx as a streamed multipart body (1 MiB chunks read from disk, Content-Length known,
 never the whole file in memory). The clock runs from the first byte sent to the 201 response,
@@ -262,7 +262,7 @@ def prepare_database(url: str) -> str:
 
 def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen:
     cmd = [
-        sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app",
+        sys.executable, "-m", "uvicorn", "--factory", "api.main:server_app",
         "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
         "--workers", str(workers), "--log-level", "warning",
     ]  # fmt: skip
