@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedType
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -92,6 +92,9 @@ class Trainer:
         )
         self.humanline = spec.humanline_params if spec.humanline else None
         self._batches: dict[tuple[int, int], TokenBatch] = {}
+        # One pass per shared prompt (trainer.tokenize.SharedPrefix) calls the model twice per
+        # backward; that is verified for one process and DDP, not yet under FSDP.
+        self.share_prompts = acc.distributed_type != DistributedType.FSDP
 
         # ---- resume, or step 0 ----------------------------------------------------------------
         self.start = 0
@@ -163,7 +166,7 @@ class Trainer:
         key = (step, micro)
         if key not in self._batches:
             rows = self.recipe.rows(self.data.examples, self.data.micro(step, micro), self.chat)
-            self._batches[key] = collate(rows, self.tokenizer.pad_token_id)
+            self._batches[key] = collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
         return self._batches[key]
 
     def _data_quality(self) -> None:
