@@ -218,6 +218,14 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         slot.release()
 
 
+def autocommit_reads(session: Session) -> None:
+    """Run a read-only request's statements without a transaction, if none is open yet: one
+    round trip per query instead of BEGIN, the query and COMMIT (a third of a job listing's
+    database waits). The connection's usual isolation comes back when it returns to the pool."""
+    if not session.in_transaction():
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+
+
 def end_transaction(session: Session) -> None:
     """End a read-only request's transaction in the route's own worker thread: its
     connection goes back to the pool now, and the session needs no I/O when it is closed

@@ -22,6 +22,7 @@ from api.deps import (
     SessionDep,
     SettingsDep,
     StoreDep,
+    autocommit_reads,
     end_transaction,
     enqueue_after_commit,
     request_hash,
@@ -212,6 +213,7 @@ def list_jobs(
         query = query.where(Job.meta[key].as_string() == value)
     if after is not None:
         query = query.where(Job.id < after)
+    autocommit_reads(session)
     rows = session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).all()
     end_transaction(session)
     data = [JobOut.of(r) for r in rows[:limit]]

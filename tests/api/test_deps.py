@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 
 from api.main import create_app
 from models.db import make_engine, make_session_factory
@@ -79,3 +80,27 @@ def test_concurrent_first_enqueues_create_one_celery_client():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "1"], done.stdout + done.stderr
+
+
+def test_autocommit_reads_open_no_transaction_and_leave_the_pool_as_it_was(db_url):
+    if not db_url.startswith("postgresql"):
+        pytest.skip("psycopg's transaction status is what is checked")
+    from sqlalchemy import text
+
+    from api.deps import autocommit_reads
+
+    engine = make_engine(db_url, pool_size=1, max_overflow=0)  # the same connection twice
+    factory = make_session_factory(engine)
+    try:
+        with factory() as session:
+            autocommit_reads(session)
+            session.execute(text("SELECT 1"))
+            driver = session.connection().connection.driver_connection
+            assert driver.info.transaction_status == 0  # idle: no BEGIN was sent
+            session.commit()
+        with factory() as session:
+            session.execute(text("SELECT 1"))
+            driver = session.connection().connection.driver_connection
+            assert driver.info.transaction_status == 2  # a normal request is transactional
+    finally:
+        engine.dispose()
