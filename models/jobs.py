@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, insert, literal, or_, select, update
+from sqlalchemy import ColumnElement, bindparam, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from models.base import UTCDateTime, new_id, utcnow
@@ -489,13 +489,25 @@ def stale_queued(
     )
 
 
+_ACTIVE = select(Job.id).where(
+    Job.team_id == bindparam("team_id"), Job.status.in_(ACTIVE_STATUSES)
+)
+_COUNT_ACTIVE = select(func.count()).select_from(_ACTIVE.subquery())
+_COUNT_ACTIVE_UPTO = select(func.count()).select_from(
+    _ACTIVE.limit(bindparam("limit")).subquery()
+)
+_LOCK_TEAM = (
+    select(Team.id).where(Team.id == bindparam("team_id")).with_for_update(key_share=True)
+)
+
+
 def active_job_count(session: Session, team_id: str, limit: int | None = None) -> int:
     """The team's active jobs, counted up to `limit` when given (enough to enforce a quota
-    without counting every row of a team with many)."""
-    active = select(Job.id).where(Job.team_id == team_id, Job.status.in_(ACTIVE_STATUSES))
-    if limit is not None:
-        active = active.limit(limit)
-    return session.execute(select(func.count()).select_from(active.subquery())).scalar_one()
+    without counting every row of a team with many). The statements are built once: every
+    job creation runs them."""
+    if limit is None:
+        return session.execute(_COUNT_ACTIVE, {"team_id": team_id}).scalar_one()
+    return session.execute(_COUNT_ACTIVE_UPTO, {"team_id": team_id, "limit": limit}).scalar_one()
 
 
 # More creates of one team than this cannot be in flight at once: each holds a database
@@ -516,7 +528,7 @@ def within_quota(session: Session, team_id: str, limit: int) -> bool:
     lock; its writers are serialised anyway."""
     if active_job_count(session, team_id, limit + 1) + QUOTA_HEADROOM <= limit:
         return True
-    session.execute(select(Team.id).where(Team.id == team_id).with_for_update(key_share=True))
+    session.execute(_LOCK_TEAM, {"team_id": team_id})
     return active_job_count(session, team_id, limit + 1) <= limit
 
 

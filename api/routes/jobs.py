@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -54,6 +54,14 @@ JOB_OUT_COLUMNS = (
     Job.total_steps, Job.error, Job.result, Job.created_at, Job.updated_at, Job.started_at,
     Job.finished_at, Job.spec,
 )  # what JobOut.of reads
+# A page of a team's jobs, newest first: columns, not ORM objects (no identity-map
+# bookkeeping), and built once: constructing this select took a third of a listing's time.
+_JOB_PAGE = (
+    select(*JOB_OUT_COLUMNS)
+    .where(Job.team_id == bindparam("team_id"))
+    .order_by(Job.id.desc())
+    .limit(bindparam("limit"))
+)
 
 
 def accepted_formats(spec: JobSpec) -> tuple[str, ...]:
@@ -107,8 +115,14 @@ def _check_reward_models(spec: JobSpec, allowed: tuple[str, ...]) -> None:
             )
 
 
-def _training_file(session: Session, team_id: str, spec: JobSpec) -> File:
-    row = session.get(File, spec.training_file)
+_TRAINING_FILE = select(File.id, File.team_id, File.purpose, File.status, File.format).where(
+    File.id == bindparam("file_id")
+)
+
+
+def _training_file(session: Session, team_id: str, spec: JobSpec):
+    """The file row's checked columns (a statement built once: this runs on every create)."""
+    row = session.execute(_TRAINING_FILE, {"file_id": spec.training_file}).one_or_none()
     if row is None or row.team_id != team_id:
         raise api_error(404, f"no file {spec.training_file!r}", field="training_file")
     if row.purpose != "train":
@@ -197,8 +211,7 @@ def list_jobs(
     status: JobStatus | None = None,
 ):
     """Newest first. Filter with `status=` and any number of `metadata[key]=value`."""
-    # Columns, not ORM objects: a page of rows is read without the identity map's bookkeeping
-    query = select(*JOB_OUT_COLUMNS).where(Job.team_id == team.id)
+    query = _JOB_PAGE
     if status is not None:
         query = query.where(Job.status == status)
     for name, value in request.query_params.multi_items():
@@ -214,7 +227,7 @@ def list_jobs(
     if after is not None:
         query = query.where(Job.id < after)
     autocommit_reads(session)
-    rows = session.execute(query.order_by(Job.id.desc()).limit(limit + 1)).all()
+    rows = session.execute(query, {"team_id": team.id, "limit": limit + 1}).all()
     end_transaction(session)
     data = [JobOut.of(r) for r in rows[:limit]]
     page = Page[JobOut](
