@@ -18,17 +18,18 @@ def token_logps(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     attention_mask = batch.attention_mask.to(device)
     extra = {}
     if (prefix := batch.prefix) is not None:
-        index = prefix.index.to(device)
+        index, prefix_mask = prefix.index.to(device), prefix.attention_mask.to(device)
         cache = model(
             input_ids=prefix.input_ids.to(device),
-            attention_mask=prefix.attention_mask.to(device),
+            attention_mask=prefix_mask,
             use_cache=True,
             logits_to_keep=1,  # the prefix predicts nothing we score
         ).past_key_values
         cache.reorder_cache(index)  # one copy of the prompt's keys and values per row
-        attention_mask = torch.cat([prefix.attention_mask.to(device)[index], attention_mask], dim=1)
+        attention_mask = torch.cat([prefix_mask[index], attention_mask], dim=1)
         steps = torch.arange(batch.input_ids.shape[1], device=device)
-        extra = {"past_key_values": cache, "position_ids": prefix.lengths.to(device)[:, None] + steps}
+        positions = prefix.lengths.to(device)[:, None] + steps
+        extra = {"past_key_values": cache, "position_ids": positions}
     out = model(
         input_ids=batch.input_ids.to(device),
         attention_mask=attention_mask,

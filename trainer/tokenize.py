@@ -121,11 +121,16 @@ class TokenBatch:
     labels: torch.Tensor  # [N, T] the token each kept position predicts
     mask: torch.Tensor  # [N, T] 1.0 on completion tokens
     prefix: SharedPrefix | None = None
-    seq_tokens: int = 0  # prompt + completion tokens of all rows, however they are run
 
     @property
     def num_tokens(self) -> int:
         return int(self.mask.sum().item())
+
+    @property
+    def seq_tokens(self) -> int:
+        """Prompt + completion tokens of all rows, however they are run."""
+        shared = int(self.prefix.lengths.sum()) if self.prefix is not None else 0
+        return int(self.attention_mask.sum()) + shared
 
 
 def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,20 +150,19 @@ def collate(seqs: Sequence[TokenSeq], pad_id: int, share_prompts: bool = True) -
     prompt's (vocab-sized) logits, the largest activation of a small model. Rows that share a
     prompt share one prefix pass (see SharedPrefix).
     """
-    total = sum(len(s.prompt_ids) + len(s.completion_ids) for s in seqs)
     prompts = list(dict.fromkeys(s.prompt_ids for s in seqs))
     if share_prompts and len(prompts) < len(seqs) and min(len(p) for p in prompts) >= 2:
-        return _collate_shared(seqs, prompts, pad_id, total)
+        return _collate_shared(seqs, prompts, pad_id)
     ids, attn = _pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
     is_completion = torch.zeros_like(attn, dtype=torch.bool)
     for i, s in enumerate(seqs):
         is_completion[i, len(s.prompt_ids) : len(s.prompt_ids) + len(s.completion_ids)] = True
     start = max(1, min(len(s.prompt_ids) for s in seqs))  # templates always emit a prompt
     positions = torch.arange(start - 1, ids.shape[1] - 1)
-    return TokenBatch(ids, attn, positions, ids[:, start:], is_completion[:, start:].float(), seq_tokens=total)
+    return TokenBatch(ids, attn, positions, ids[:, start:], is_completion[:, start:].float())
 
 
-def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int, total: int) -> TokenBatch:
+def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int) -> TokenBatch:
     slot = {p: i for i, p in enumerate(prompts)}
     pre_ids, pre_attn = _pad([p[:-1] for p in prompts], pad_id)
     prefix = SharedPrefix(
@@ -169,4 +173,4 @@ def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int, total:
     ids, attn = _pad([s.prompt_ids[-1:] + s.completion_ids for s in seqs], pad_id)
     positions = torch.arange(0, ids.shape[1] - 1)
     mask = attn[:, 1:].float()  # every suffix token after the first is a completion token
-    return TokenBatch(ids, attn, positions, ids[:, 1:], mask, prefix=prefix, seq_tokens=total)
+    return TokenBatch(ids, attn, positions, ids[:, 1:], mask, prefix=prefix)

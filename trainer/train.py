@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator, DistributedType
+from accelerate.state import AcceleratorState
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -53,6 +54,17 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _accelerator(on_gpu: bool, mixed: str) -> Accelerator:
+    """accelerate keeps one state per process and refuses another precision once it is set;
+    a process that trains again in another precision (a test session, a benchmark) starts
+    that state afresh. The distributed set-up (PartialState) is kept."""
+    try:
+        return Accelerator(cpu=not on_gpu, mixed_precision=mixed)
+    except ValueError:
+        AcceleratorState._reset_state()
+        return Accelerator(cpu=not on_gpu, mixed_precision=mixed)
+
+
 class Trainer:
     def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True):
         # ---- setup -------------------------------------------------------------------------
@@ -63,7 +75,7 @@ class Trainer:
         # CPUs have no fast fp16 kernels) as the spec asks (see load_policy)
         on_gpu = torch.cuda.is_available()
         mixed = spec.precision if spec.precision == "bf16" or (on_gpu and spec.precision == "fp16") else "no"
-        self.accelerator = acc = Accelerator(cpu=not on_gpu, mixed_precision=mixed)
+        self.accelerator = acc = _accelerator(on_gpu, mixed)
         self.log = RunLog(self.out_dir, enabled=acc.is_main_process)
         if spec.precision == "fp16" and not on_gpu:
             self.log.event("warning", "precision fp16 needs a GPU; training in fp32 on the CPU")

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
-from sqlalchemy import bindparam, select
+from sqlalchemy import Row, bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -120,7 +120,7 @@ _TRAINING_FILE = select(File.id, File.team_id, File.purpose, File.status, File.f
 )
 
 
-def _training_file(session: Session, team_id: str, spec: JobSpec):
+def _training_file(session: Session, team_id: str, spec: JobSpec) -> Row:
     """The file row's checked columns (a statement built once: this runs on every create)."""
     row = session.execute(_TRAINING_FILE, {"file_id": spec.training_file}).one_or_none()
     if row is None or row.team_id != team_id:

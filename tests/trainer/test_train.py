@@ -95,3 +95,14 @@ def test_cli_runs_a_spec_and_rejects_a_bad_one(tmp_path, pref_file):
     bad = subprocess.run([sys.executable, "-m", "trainer", "run", str(spec), "--out", str(tmp_path / "o2")],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "objective" in bad.stderr
+
+
+@pytest.mark.parametrize("precision, mixed", [("bf16", "bf16"), ("fp16", "no"), ("fp32", "no")])
+def test_cpu_autocasts_bf16_and_refuses_fp16_with_a_warning(tmp_path, make_spec, precision, mixed):
+    from trainer.train import Trainer
+
+    trainer = Trainer(make_spec(precision=precision, quality_sample=0), tmp_path, progress=False)
+    assert trainer.accelerator.mixed_precision == mixed
+    events = (tmp_path / "events.jsonl").read_text()
+    assert ("precision fp16 needs a GPU" in events) == (precision == "fp16")
+    assert trainer.step(1)["loss"] > 0  # and a step runs in that precision
