@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from models import jobs as job_states
-from models.tables import Job
+from models.tables import Job, JobEvent
 from tests.api.conftest import EVAL_MATH, UNPAIRED, job_body, upload
 
 
@@ -148,6 +148,10 @@ def test_active_jobs_per_team_are_limited(
     ids = [_create(client, team_a, train_file)["id"] for _ in range(settings.MAX_JOBS_PER_TEAM)]
     r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file))
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    # the refused job was inserted, counted and rolled back: no row, no event left
+    assert _job_rows(db_sessions) == len(ids)
+    with db_sessions() as s:
+        assert s.scalar(select(func.count(func.distinct(JobEvent.job_id)))) == len(ids)
     other_file = upload(client, team_b).json()["id"]
     _create(client, team_b, other_file)  # other teams are unaffected
     client.post(f"/v1/jobs/{ids[0]}/cancel", headers=team_a.headers)
