@@ -526,7 +526,8 @@ def within_quota(session: Session, team_id: str, limit: int) -> bool:
     creates count one after the other, exactly. (A lock on every create serialised a busy
     team's POSTs across API processes: p99 grew tenfold at 60 creates/s.) SQLite ignores the
     lock; its writers are serialised anyway."""
-    if active_job_count(session, team_id, limit + 1) + QUOTA_HEADROOM <= limit:
+    far = limit > QUOTA_HEADROOM  # a small quota is always near: lock at once
+    if far and active_job_count(session, team_id, limit + 1) + QUOTA_HEADROOM <= limit:
         return True
     session.execute(_LOCK_TEAM, {"team_id": team_id})
     return active_job_count(session, team_id, limit + 1) <= limit
