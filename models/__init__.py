@@ -1,6 +1,17 @@
-"""Database layer: ORM tables, engine/session helpers, the job state machine, settings.
+"""Database layer: ORM tables, engine/session helpers, the state machines, settings.
 
 Imports SQLAlchemy and pydantic only (the API and the worker both use it; never torch).
+
+    settings        Settings: the service's one settings class (environment variables)
+    base, tables    the declarative base, ids, and the ORM tables (every user row has a team)
+    db              engines and sessions from a URL (SQLite WAL, PostgreSQL pre-ping)
+    leases          the one lease scheme of leased work: claim, renew/fence, release, reap
+    jobs            the job state machine (guarded UPDATEs); job_events its gap-free events;
+                    job_records metrics and checkpoints
+    evaluations     the evaluation's life cycle, on the same leases
+    quota           per-team quotas on active jobs and evaluations
+    scheduling      fair claims across teams (fewest running, least recently served)
+    teams           teams and API keys (only a key's sha256 is stored)
 """
 
 from models.base import Base, new_id, utcnow

@@ -23,28 +23,43 @@ Worker loop, in short::
     finish(s, job_id, worker_id, "cancelled")    ... at the end finish(..., "succeeded", result=...)
 
 and periodically, anywhere: `ids = reap_expired(s); s.commit(); for id in ids: enqueue(id)`.
+
+The lease pieces are models.leases (shared with evaluations); events are models.job_events,
+metrics and checkpoints models.job_records (both re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, bindparam, func, insert, literal, or_, select, update
+from sqlalchemy import ColumnElement, Table, func, insert, literal, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
+from models import leases
 from models.base import UTCDateTime, new_id, utcnow
+from models.job_events import _bump_seq, _event
+from models.job_events import add_event as add_event
+from models.job_events import events_after as events_after
+from models.job_records import add_checkpoint as add_checkpoint
+from models.job_records import checkpoint_at as checkpoint_at
+from models.job_records import checkpoints as checkpoints
+from models.job_records import latest_checkpoint as latest_checkpoint
+from models.job_records import metrics_between as metrics_between
+from models.job_records import record_metrics as record_metrics
+from models.leases import CLEAR_LEASE
+from models.quota import QUOTA_HEADROOM as QUOTA_HEADROOM
+from models.quota import active_job_count as active_job_count
+from models.quota import within_quota as within_quota
 from models.tables import (
-    ACTIVE_STATUSES,
     TERMINAL_STATUSES,
-    Checkpoint,
     Job,
     JobEvent,
-    JobMetric,
-    Team,
 )
 
+_JOBS = cast(Table, Job.__table__)  # plain INSERTs of create_job
+_EVENTS = cast(Table, JobEvent.__table__)
 TRANSITIONS: dict[str, frozenset[str]] = {
     "validating": frozenset({"queued", "failed", "cancelled"}),
     "queued": frozenset({"running", "cancelled", "failed"}),
@@ -54,8 +69,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "succeeded": frozenset(),
     "failed": frozenset(),
 }
-LEASED_STATUSES = ("running", "cancelling")
-_CLEAR_LEASE = {"lease_owner": None, "lease_expires_at": None}
 
 
 class InvalidTransition(ValueError):
@@ -68,49 +81,6 @@ def can_transition(from_state: str, to_state: str) -> bool:
 
 def is_terminal(status: str) -> bool:
     return status in TERMINAL_STATUSES
-
-
-# --- events -------------------------------------------------------------------------------
-
-
-def _bump_seq(
-    session: Session, job_id: str, where: Sequence[ColumnElement[bool]] = (), **values: Any
-) -> tuple[int, int] | None:
-    """UPDATE the job row (guarded by `where`), taking the next event seq in the same
-    statement. Returns (seq, attempt), or None when the guard matched nothing.
-
-    The row lock of this UPDATE (PostgreSQL) or the database write lock (SQLite) serialises
-    concurrent writers, so seqs are gap-free and unique per job.
-    """
-    stmt = (
-        update(Job)
-        .where(Job.id == job_id, *where)
-        .values(event_seq=Job.event_seq + 1, **values)
-        .returning(Job.event_seq, Job.attempt)
-        .execution_options(synchronize_session=False)
-    )
-    row = session.execute(stmt).first()
-    return None if row is None else (row[0], row[1])
-
-
-def _event(
-    session: Session, job_id: str, seq: int, kind: str, message: str, data: dict[str, Any] | None
-) -> JobEvent:
-    event = JobEvent(job_id=job_id, seq=seq, kind=kind, message=message, data=data)
-    session.add(event)
-    session.flush()
-    return event
-
-
-def add_event(
-    session: Session, job_id: str, kind: str, message: str = "", data: dict[str, Any] | None = None
-) -> JobEvent:
-    """Append an event (kinds used: status, created, log, warning, error, checkpoint, metrics,
-    data_quality ...). Raises LookupError for an unknown job."""
-    taken = _bump_seq(session, job_id)
-    if taken is None:
-        raise LookupError(f"no job {job_id}")
-    return _event(session, job_id, taken[0], kind, message, data)
 
 
 # --- transitions ----------------------------------------------------------------------------
@@ -144,9 +114,9 @@ def transition(
     values: dict[str, Any] = {"status": to_state, "updated_at": now, **fields}
     if to_state in TERMINAL_STATUSES:
         values.setdefault("finished_at", now)
-        values = {**_CLEAR_LEASE, **values}
+        values = {**CLEAR_LEASE, **values}
     elif to_state == "queued":
-        values = {**_CLEAR_LEASE, **values}
+        values = {**CLEAR_LEASE, **values}
     # Optimistic loop: read the state, UPDATE guarded by exactly that state. A concurrent
     # change makes the UPDATE match nothing; re-read and decide again (bounded: each retry
     # means the job moved, and it can only move a few times).
@@ -175,10 +145,7 @@ def transition(
 
 
 def _expire(session: Session, job_id: str) -> None:
-    """Bulk UPDATEs bypass the identity map; drop a stale loaded Job so it is re-read."""
-    job = session.identity_map.get(session.identity_key(Job, job_id), None)  # type: ignore[arg-type]
-    if job is not None:
-        session.expire(job)
+    leases.expire_loaded(session, Job, job_id)
 
 
 def _column_of(attribute: str) -> str:
@@ -193,6 +160,7 @@ def create_job(
     spec: dict[str, Any],
     metadata: dict[str, Any] | None = None,
     training_file_id: str | None = None,
+    total_steps: int | None = None,
 ) -> Job:
     """Insert a job that has passed validation: `queued`, with its `created` event (seq 1)
     and the `status` event of its validating → queued transition (seq 2). Returns the row,
@@ -218,7 +186,8 @@ def create_job(
         "lease_expires_at": None,
         "heartbeat_at": None,
         "current_step": 0,
-        "total_steps": None,
+        "total_steps": total_steps,
+        "runtime_seconds": 0.0,  # the API's estimate; the trainer's count replaces it
         "event_seq": 2,
         "error": None,
         "result": None,
@@ -227,10 +196,10 @@ def create_job(
         "started_at": None,
         "finished_at": None,
     }
-    session.execute(insert(Job.__table__), {_column_of(k): v for k, v in columns.items()})
+    session.execute(insert(_JOBS), {_column_of(k): v for k, v in columns.items()})
     event = {"job_id": columns["id"], "created_at": now}
     session.execute(
-        insert(JobEvent.__table__),
+        insert(_EVENTS),
         [
             {
                 **event,
@@ -285,42 +254,26 @@ def claim(
     lease_seconds: float,
     *,
     now: datetime | None = None,
+    where: Sequence[ColumnElement[bool]] = (),
 ) -> Job | None:
     """Take a job for `worker_id`: queued → running, or running with an expired lease →
     running again (its previous worker died; resume from the last checkpoint).
 
     Increments `attempt`, sets the lease to now + lease_seconds and writes a `status` event.
     Returns the refreshed Job when this call won, None when the job is missing, finished,
-    cancelling, or validly leased by someone (a duplicate task delivery): exit quietly then.
+    cancelling, validly leased by someone (a duplicate task delivery), or `where` (further
+    guards: models.scheduling's team limit) does not hold: exit quietly then.
     """
     now = now or utcnow()
-    row = session.execute(
-        select(Job.status, Job.lease_owner, Job.lease_expires_at).where(Job.id == job_id)
-    ).first()
-    if row is None:
+    row = session.execute(select(Job.status, Job.lease_owner).where(Job.id == job_id)).first()
+    if row is None or row.status not in ("queued", "running"):
         return None
-    if row.status == "queued":
-        guard: list[ColumnElement[bool]] = [Job.status == "queued"]
-        reclaimed = False
-    elif row.status == "running" and (row.lease_expires_at is None or row.lease_expires_at < now):
-        guard = [
-            Job.status == "running",
-            or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now),
-        ]
-        reclaimed = True
-    else:
-        return None
-    taken = _bump_seq(
+    taken = _bump_seq(  # guarded by the state just read: the event below says what it was
         session,
         job_id,
-        guard,
-        status="running",
-        attempt=Job.attempt + 1,
-        lease_owner=worker_id,
-        lease_expires_at=now + timedelta(seconds=lease_seconds),
-        heartbeat_at=now,
+        [Job.status == row.status, leases.claimable(Job, now), *where],
+        **leases.claim_values(Job, worker_id, lease_seconds, now),
         started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
-        updated_at=now,
     )
     if taken is None:
         return None
@@ -332,7 +285,7 @@ def claim(
         "worker": worker_id,
     }
     message = f"{row.status} → running (attempt {attempt})"
-    if reclaimed:
+    if row.status == "running":  # reclaimed
         data["previous_worker"] = row.lease_owner
         message = f"lease of {row.lease_owner} expired; reclaimed (attempt {attempt})"
     _event(session, job_id, seq, "status", message, data)
@@ -347,6 +300,7 @@ def heartbeat(
     *,
     current_step: int | None = None,
     total_steps: int | None = None,
+    runtime_seconds: float | None = None,
     now: datetime | None = None,
 ) -> str | None:
     """Renew `worker_id`'s lease (and record progress). Returns the job's status —
@@ -354,25 +308,14 @@ def heartbeat(
     then finish(..., "cancelled")) — or None when the lease is lost (reaped or reclaimed by
     another worker): stop at once without writing anything else.
     """
-    now = now or utcnow()
-    values: dict[str, Any] = {
-        "lease_expires_at": now + timedelta(seconds=lease_seconds),
-        "heartbeat_at": now,
-    }
+    values: dict[str, Any] = {}
     if current_step is not None:
         values["current_step"] = current_step
     if total_steps is not None:
         values["total_steps"] = total_steps
-    stmt = (
-        update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id, Job.status.in_(LEASED_STATUSES))
-        .values(**values)
-        .returning(Job.status)
-        .execution_options(synchronize_session=False)
-    )
-    status = session.execute(stmt).scalar()
-    _expire(session, job_id)
-    return status
+    if runtime_seconds is not None:
+        values["runtime_seconds"] = runtime_seconds
+    return leases.renew(session, Job, job_id, worker_id, lease_seconds, now=now, **values)
 
 
 def finish(
@@ -396,6 +339,9 @@ def finish(
         fields["error"] = error
     if result is not None:
         fields["result"] = result
+        final = result.get("final_model") or {}
+        if isinstance(final.get("bytes"), int):  # the storage quota counts it (models.quota)
+            fields["model_bytes"] = final["bytes"]
     sources = ("cancelling",) if status == "cancelled" else ("running", "cancelling")
     return transition(session, job_id, sources, status, owner=worker_id, message=message, **fields)
 
@@ -429,12 +375,7 @@ def reap_expired(
     lease still being expired, so a late heartbeat wins over the reaper.
     """
     now = now or utcnow()
-    expired = session.execute(
-        select(Job.id, Job.status, Job.lease_owner, Job.attempt)
-        .where(Job.status.in_(LEASED_STATUSES), Job.lease_expires_at < now)
-        .order_by(Job.lease_expires_at)
-        .limit(limit)
-    ).all()
+    expired = leases.expired_rows(session, Job, now, limit)
     still_expired = [Job.lease_expires_at < now]
     requeued: list[str] = []
     for job_id, status, owner, attempt in expired:
@@ -481,112 +422,4 @@ def stale_queued(
 ) -> list[str]:
     """Queued jobs untouched for a while: their broker message may have been lost (a crash
     between the commit and the send). Enqueuing them again is safe: claim() lets one win."""
-    cutoff = (now or utcnow()) - timedelta(seconds=older_than_seconds)
-    return list(
-        session.execute(
-            select(Job.id).where(Job.status == "queued", Job.updated_at < cutoff).order_by(Job.id)
-        ).scalars()
-    )
-
-
-_ACTIVE = select(Job.id).where(
-    Job.team_id == bindparam("team_id"), Job.status.in_(ACTIVE_STATUSES)
-)
-_COUNT_ACTIVE = select(func.count()).select_from(_ACTIVE.subquery())
-_COUNT_ACTIVE_UPTO = select(func.count()).select_from(
-    _ACTIVE.limit(bindparam("limit")).subquery()
-)
-_LOCK_TEAM = (
-    select(Team.id).where(Team.id == bindparam("team_id")).with_for_update(key_share=True)
-)
-
-
-def active_job_count(session: Session, team_id: str, limit: int | None = None) -> int:
-    """The team's active jobs, counted up to `limit` when given (enough to enforce a quota
-    without counting every row of a team with many). The statements are built once: every
-    job creation runs them."""
-    if limit is None:
-        return session.execute(_COUNT_ACTIVE, {"team_id": team_id}).scalar_one()
-    return session.execute(_COUNT_ACTIVE_UPTO, {"team_id": team_id, "limit": limit}).scalar_one()
-
-
-# More creates of one team than this cannot be in flight at once: each holds a database
-# connection, and PostgreSQL's default max_connections is 100.
-QUOTA_HEADROOM = 128
-
-
-def within_quota(session: Session, team_id: str, limit: int) -> bool:
-    """Whether the team's active jobs, the caller's new (uncommitted) one included, are at
-    most `limit`. Call it last before committing the new job.
-
-    Far from the limit, one unlocked count decides: concurrent creates each see at least the
-    jobs committed before them plus their own, so if every one of them saw room for
-    QUOTA_HEADROOM more, all of them together still fit. Near the limit the team's row is
-    locked first (FOR NO KEY UPDATE, until the commit) and the count repeated, so concurrent
-    creates count one after the other, exactly. (A lock on every create serialised a busy
-    team's POSTs across API processes: p99 grew tenfold at 60 creates/s.) SQLite ignores the
-    lock; its writers are serialised anyway."""
-    far = limit > QUOTA_HEADROOM  # a small quota is always near: lock at once
-    if far and active_job_count(session, team_id, limit + 1) + QUOTA_HEADROOM <= limit:
-        return True
-    session.execute(_LOCK_TEAM, {"team_id": team_id})
-    return active_job_count(session, team_id, limit + 1) <= limit
-
-
-# --- what a running job records ------------------------------------------------------------
-
-
-def record_metrics(session: Session, job_id: str, step: int, values: dict[str, Any]) -> None:
-    """Store the metrics of one step, merged into what that step already has (a resumed job
-    logs a replayed step again; the newest values win)."""
-    existing = session.execute(
-        select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.step == step)
-    ).scalar_one_or_none()
-    if existing is None:
-        session.add(JobMetric(job_id=job_id, step=step, values=dict(values)))
-    else:
-        existing.values = {**existing.values, **values}
-    session.flush()
-
-
-def add_checkpoint(
-    session: Session,
-    job_id: str,
-    step: int,
-    object_prefix: str,
-    *,
-    bytes: int = 0,
-    files: list[str] | None = None,
-) -> Checkpoint:
-    """Register a checkpoint whose objects are already written under `object_prefix`
-    (storage.keys.checkpoint_prefix(team, job, step)); re-registering a step replaces it.
-    Writes a `checkpoint` event."""
-    ckpt = session.execute(
-        select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
-    ).scalar_one_or_none()
-    if ckpt is None:
-        ckpt = Checkpoint(job_id=job_id, step=step, object_prefix=object_prefix)
-        session.add(ckpt)
-    ckpt.object_prefix = object_prefix
-    ckpt.bytes = bytes
-    ckpt.files = list(files) if files is not None else None
-    ckpt.created_at = utcnow()
-    session.flush()
-    add_event(
-        session,
-        job_id,
-        "checkpoint",
-        f"checkpoint saved at step {step}",
-        {"step": step, "bytes": bytes},
-    )
-    return ckpt
-
-
-def latest_checkpoint(session: Session, job_id: str) -> Checkpoint | None:
-    """The checkpoint to resume from (highest step)."""
-    return session.execute(
-        select(Checkpoint)
-        .where(Checkpoint.job_id == job_id)
-        .order_by(Checkpoint.step.desc())
-        .limit(1)
-    ).scalar_one_or_none()
+    return leases.stale_queued(session, Job, older_than_seconds, now=now)

@@ -8,16 +8,16 @@ Production sets DATABASE_URL (PostgreSQL), BROKER_URL (Redis/RabbitMQ) and STORA
 
 from __future__ import annotations
 
-import os
-
+import ipaddress
 from functools import lru_cache
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 GiB = 1 << 30
 MiB = 1 << 20
+INT4_MAX = 2**31 - 1  # PostgreSQL integer: step counts are stored in such columns
 
 
 class Settings(BaseSettings):
@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         10, ge=1, description="Active (validating/queued/running/cancelling) jobs per team."
     )
     MAX_METADATA_KEYS: int = Field(16, ge=0)
+    TEAM_STORAGE_QUOTA_GIB: float = Field(
+        100.0, gt=0,
+        description="Bytes one team may keep stored: its files, checkpoints and exported models "
+        "(as the database records them). An upload that would go over it is refused (413).",
+    )
     ALLOWED_BASE_MODELS: str = Field(
         "smollm2-135m-instruct,tiny-llama",
         description="Comma-separated base_model values jobs submitted over HTTP may name "
@@ -64,6 +69,85 @@ class Settings(BaseSettings):
     )
     MAX_JOB_ATTEMPTS: int = Field(
         5, ge=1, description="A job whose worker is lost this many times fails (reaper)."
+    )
+
+    # --- scheduling across teams (DESIGN.md §6; models.scheduling) ----------------------------
+    TEAM_MAX_RUNNING: int = Field(
+        4,
+        ge=0,
+        description="Jobs of one team running at once, over all workers; checked when a worker "
+        "claims a job (the database decides, not the broker). 0: no limit.",
+    )
+    MAX_RUNTIME_SECONDS: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="A job's wall-clock limit (all attempts together) when its spec sets no "
+        "max_runtime; past it the job checkpoints and fails.",
+    )
+    CAP_MAX_RUNTIME_SECONDS: float = Field(
+        7 * 24 * 3600.0,
+        gt=0,
+        description="The largest max_runtime a spec may ask for (422 above it); workers also "
+        "hold every job to it.",
+    )
+
+    # --- spec caps (DESIGN.md §6): the most one job may ask for; api.caps checks them -------
+    CAP_ADAPTER_R: int = Field(256, ge=1, le=INT4_MAX, description="Largest LoRA rank.")
+    CAP_STEPS: int = Field(
+        100_000, ge=1, le=INT4_MAX,
+        description="Most optimizer steps of one job: max_steps, or epochs × batches per epoch.",
+    )
+    CAP_EPOCHS: int = Field(100, ge=1, le=INT4_MAX)
+    CAP_MAX_LENGTH: int = Field(8192, ge=2, le=INT4_MAX, description="Prompt + completion tokens.")
+    CAP_MAX_PROMPT_LENGTH: int = Field(8191, ge=1, le=INT4_MAX)
+    CAP_BATCH_SIZE: int = Field(1024, ge=1, le=INT4_MAX, description="Global batch, any unit.")
+    CAP_GRAD_ACCUM: int = Field(256, ge=1, le=INT4_MAX)
+    CAP_NUM_SAMPLES: int = Field(64, ge=2, le=INT4_MAX, description="online.num_samples (G).")
+    CAP_MAX_NEW_TOKENS: int = Field(4096, ge=1, le=INT4_MAX, description="online.max_new_tokens.")
+    CAP_PROMPT_BUDGET: float = Field(16.0, ge=1, description="online.prompt_budget.")
+    CAP_MAX_MODEL_LEN: int = Field(
+        16384, ge=16, le=INT4_MAX, description="online.vllm.max_model_len."
+    )
+    CAP_KV_CACHE_GIB: float = Field(64.0, gt=0, description="online.vllm.kv_cache_gib.")
+    CAP_QUALITY_SAMPLE: int = Field(4096, ge=0, le=INT4_MAX, description="quality_sample.")
+    CAP_REWARD_TIMEOUT_SECONDS: float = Field(
+        60.0, gt=0, description="A reward's timeout_s / start_timeout_s option."
+    )
+    CAP_TARGET_MODULES: int = Field(64, ge=1, description="adapter.target_modules entries.")
+    CAP_TRAIN_MEMORY_GIB: float = Field(
+        512.0, gt=0,
+        description="Most memory one training process of a job may need, as estimated from the "
+        "base model's config.json, the adapter, precision, max_length, batch size and objective "
+        "(contract.memory): host RAM on CPU workers, device memory on GPUs. The estimate is a "
+        "worst case (every sequence max_length long; batches are padded to their longest), so "
+        "the default refuses only what no worker could run (the instruction preset's DPO on "
+        "SmolLM2 estimates ~133 GiB at max_length 1024); set it to the workers' memory.",
+    )
+
+    # --- evaluations (DESIGN.md §9) -------------------------------------------------------------
+    MAX_EVALS_PER_TEAM: int = Field(10, ge=1, description="Queued or running evaluations per team.")
+    EVAL_JUDGE_BASE_URLS: str = Field(
+        "",
+        description="Comma-separated OpenAI-compatible endpoints an instruction evaluation's "
+        "judge may name (users can never name another).",
+    )
+    EVAL_JUDGE_API_KEY: str = Field(
+        "", repr=False, description="The server's key for those judges; never stored or returned."
+    )
+    EVAL_REWARD_MODELS: str = Field(
+        "",
+        description="name=/dir pairs, comma-separated: the reward models a judge may name "
+        "(mounted on the workers).",
+    )
+    EVAL_JUDGE_TIMEOUT_SECONDS: float = Field(60.0, gt=0, description="One judge request.")
+    EVAL_JUDGE_DEADLINE_SECONDS: float = Field(
+        600.0, gt=0, description="All retries of one judge request together."
+    )
+    EVAL_JUDGE_MAX_ATTEMPTS: int = Field(6, ge=1)
+    EVAL_JUDGE_CONCURRENCY: int = Field(8, ge=1, description="Judge requests in flight at once.")
+    EVAL_SAMPLING_ENGINE: str = Field("hf", description="hf, vllm or auto (trainer.sampling).")
+    EVAL_TIMEOUT_SECONDS: float = Field(
+        6 * 3600.0, gt=0, description="An evaluation still running after this is killed."
     )
 
     # --- worker leases ----------------------------------------------------------------------
@@ -90,13 +174,69 @@ class Settings(BaseSettings):
         5.0, ge=0, description="How long a verified API key is trusted without a DB lookup "
         "(a revoked key keeps working this long on each API process); 0: look up every request."
     )
+    TRUSTED_PROXIES: str = Field(
+        "",
+        description="Comma-separated IPs/CIDRs of the ingress: only a request whose socket peer "
+        "is one of them has its X-Forwarded-For read (the rightmost untrusted address is the "
+        "client the failed-login limiter keys on). Empty: the peer is the client.",
+    )
+    # --- long-lived requests (DESIGN.md §6; api/limits.py): per API process -----------------
+    UPLOAD_MAX_CONCURRENT: int = Field(
+        32, ge=1, description="Uploads in progress at once in one API process; more: 503 "
+        "with Retry-After. Each holds a socket, up to ~5 MiB of read-ahead and, while bytes "
+        "arrive, a worker thread of its own (never one of the request pool's)."
+    )
+    UPLOAD_MAX_PER_TEAM: int = Field(
+        8, ge=1, description="Uploads in progress at once per team, per API process; more: 429 "
+        "with Retry-After."
+    )
+    UPLOAD_IDLE_TIMEOUT_S: float = Field(
+        30.0, gt=0, description="An upload whose client sends no byte for this long is "
+        "answered 408 and nothing of it is kept (no object, no temporary file, no row)."
+    )
+    STREAMS_PER_TEAM: int = Field(
+        20, ge=1, description="Open event streams (GET /v1/jobs/{id}/events/stream) per team, "
+        "per API process; more: 429 with Retry-After."
+    )
+    STREAMS_TOTAL: int = Field(
+        100, ge=1, description="Open event streams in one API process; more: 503 with "
+        "Retry-After. Each polls the database every SSE_POLL_SECONDS."
+    )
+
+    # --- Prometheus metrics (docs/deploy.md) ----------------------------------------------------
+    METRICS_PORT: int = Field(
+        0, ge=0, le=65535, description="Serve /metrics on this port, on its own listener "
+        "(METRICS_HOST), apart from the API's; 0: no separate listener."
+    )
+    METRICS_HOST: str = Field("127.0.0.1", description="Address of the METRICS_PORT listener.")
+    METRICS_ON_API_PORT: bool = Field(
+        False, description="Also serve /metrics, unauthenticated, on the API's own port (only "
+        "behind an ingress that does not route it); off by default."
+    )
+
     LOG_LEVEL: str = "INFO"
     LOG_JSON: bool = True
+
+    @model_validator(mode="after")
+    def _runtime_default_within_cap(self) -> Settings:
+        if self.MAX_RUNTIME_SECONDS > self.CAP_MAX_RUNTIME_SECONDS:
+            raise ValueError("MAX_RUNTIME_SECONDS is above CAP_MAX_RUNTIME_SECONDS")
+        return self
+
+    def max_runtime(self, asked: float | None) -> float:
+        """The wall-clock limit of a job whose spec asks for `asked` seconds (None: the
+        default), never above the cap."""
+        return min(asked or self.MAX_RUNTIME_SECONDS, self.CAP_MAX_RUNTIME_SECONDS)
 
     @property
     def embedded_worker(self) -> bool:
         """True when jobs run in the API process (no broker)."""
         return self.BROKER_URL.startswith("memory://")
+
+    @property
+    def trusted_proxies(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        nets = (n.strip() for n in self.TRUSTED_PROXIES.split(","))
+        return tuple(ipaddress.ip_network(n, strict=False) for n in nets if n)
 
     @property
     def allowed_base_models(self) -> tuple[str, ...]:
@@ -105,6 +245,22 @@ class Settings(BaseSettings):
     @property
     def allowed_reward_models(self) -> tuple[str, ...]:
         return tuple(m.strip() for m in self.ALLOWED_REWARD_MODELS.split(",") if m.strip())
+
+    @property
+    def judge_base_urls(self) -> frozenset[str]:
+        """EVAL_JUDGE_BASE_URLS as a set, trailing slashes dropped."""
+        urls = (u.strip().rstrip("/") for u in self.EVAL_JUDGE_BASE_URLS.split(","))
+        return frozenset(u for u in urls if u)
+
+    @property
+    def judge_reward_models(self) -> dict[str, str]:
+        """EVAL_REWARD_MODELS="armo=/models/armo,x=/models/x": names users may pick → dirs."""
+        out = {}
+        for entry in self.EVAL_REWARD_MODELS.split(","):
+            name, sep, path = entry.partition("=")
+            if sep and name.strip() and path.strip():
+                out[name.strip()] = path.strip()
+        return out
 
     def pool_options(self) -> dict[str, Any]:
         """Keyword arguments for models.db.make_engine (SQLite keeps SQLAlchemy's own pool)."""
@@ -127,17 +283,3 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment once."""
     return Settings()
-
-
-def setting(settings: Any, name: str, default: Any) -> Any:
-    """A setting that is not (yet) a field of Settings: the attribute if present, else the
-    environment variable, else `default`; coerced to the default's type. (The evaluation
-    knobs, EVAL_*, are read this way by the API and the worker alike.)"""
-    value = getattr(settings, name, None)
-    if value is None:
-        value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    if default is not None and not isinstance(value, type(default)):
-        return type(default)(value)
-    return value

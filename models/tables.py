@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -26,7 +27,9 @@ from models.base import Base, JSONType, new_id, utcnow
 JOB_STATUSES = ("validating", "queued", "running", "cancelling", "cancelled", "succeeded", "failed")
 TERMINAL_STATUSES = ("cancelled", "succeeded", "failed")
 ACTIVE_STATUSES = ("validating", "queued", "running", "cancelling")
-FILE_PURPOSES = ("train", "eval")
+FILE_PURPOSES = ("train", "eval", "fine-tune")
+# "fine-tune" is OpenAI's name for a training file (files.create from the openai package)
+TRAINING_PURPOSES = ("train", "fine-tune")
 FILE_STATUSES = ("uploaded", "processed", "error")
 EVAL_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
@@ -41,6 +44,9 @@ class Team(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("team"))
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When a worker last claimed one of the team's jobs: among teams running as many jobs,
+    # the one served longest ago goes first (models.scheduling).
+    last_started_at: Mapped[datetime | None]
 
 
 class ApiKey(Base):
@@ -77,6 +83,7 @@ class File(Base):
     format: Mapped[str | None] = mapped_column(String(32))
     records: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="uploaded")
+    warnings: Mapped[list[str] | None]  # e.g. columns the format does not read
     error: Mapped[dict[str, Any] | None]
     object_key: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -116,7 +123,13 @@ class Job(Base):
     heartbeat_at: Mapped[datetime | None]
     current_step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int | None] = mapped_column(Integer)
+    # Wall-clock seconds the job has run, all attempts together (renewed with the lease):
+    # what the job's max_runtime is checked against.
+    runtime_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     event_seq: Mapped[int] = mapped_column(Integer, default=0)
+    # Bytes of the exported model (result.final_model) in the object store: a team's storage
+    # quota counts them with its files and checkpoints (models.quota.storage_use).
+    model_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     error: Mapped[dict[str, Any] | None]
     result: Mapped[dict[str, Any] | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -169,12 +182,17 @@ class Checkpoint(Base):
 
 
 class Evaluation(Base):
-    """An evaluation of a checkpoint (or of a base model) on an eval file."""
+    """An evaluation of a checkpoint (or of a base model) on an eval file.
+
+    Leased like a job (models.leases): a worker owns a running evaluation while
+    `lease_expires_at` is in the future; an expired lease means it died, and the reaper
+    queues the evaluation again."""
 
     __tablename__ = "evaluations"
     __table_args__ = (
         CheckConstraint(_in("status", EVAL_STATUSES), name="status"),
         Index("ix_evaluations_team_id_id", "team_id", "id"),
+        Index("ix_evaluations_status_lease_expires_at", "status", "lease_expires_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("eval"))
@@ -192,6 +210,10 @@ class Evaluation(Base):
     config: Mapped[dict[str, Any] | None]
     result: Mapped[dict[str, Any] | None]
     error: Mapped[dict[str, Any] | None]
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]

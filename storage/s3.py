@@ -17,10 +17,10 @@ source iterator cannot be rewound, so a failure past the deadline fails the whol
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -36,66 +36,19 @@ from botocore.config import Config
 
 from storage.base import ObjectNotFound, StorageError, StorageUnavailableError, StoreBase
 from storage.keys import check_key
+from storage.s3_client import (
+    NOT_FOUND_CODES,
+    TRANSIENT_EXC,
+    client_error_code,
+    is_transient,
+    new_client,
+    root_cause,
+)
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-_NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
-_TRANSIENT_CODES = {
-    "InternalError",
-    "ServiceUnavailable",
-    "SlowDown",
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "Throttling",
-    "ThrottlingException",
-}
-_TRANSIENT_EXC: tuple[type[BaseException], ...] = (
-    botocore.exceptions.ConnectionError,  # refused, DNS, connect timeout
-    botocore.exceptions.HTTPClientError,  # closed mid-request, read timeout, streaming error
-    botocore.exceptions.IncompleteReadError,
-    boto3.exceptions.RetriesExceededError,  # s3transfer gave up on a download
-)
-
-
-_SESSION_LOCK = threading.Lock()
-_SESSION: boto3.session.Session | None = None
-
-
-def _new_client(**kwargs: Any) -> Any:
-    """A client from one process-wide boto3 session: the session caches the parsed S3 service
-    model, making each further client ~10x cheaper to build. Building clients from one session
-    is not thread-safe, hence the lock; the clients themselves are."""
-    global _SESSION
-    with _SESSION_LOCK:
-        if _SESSION is None:
-            _SESSION = boto3.session.Session()
-        return _SESSION.client("s3", **kwargs)
-
-
-def _client_error_code(exc: BaseException) -> tuple[str, int]:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        err = exc.response.get("Error", {})
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return str(err.get("Code", "")), int(status or 0)
-    return "", 0
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """boto3 wraps upload failures in S3UploadFailedError; classify on what it wraps."""
-    if isinstance(exc, boto3.exceptions.S3UploadFailedError) and exc.__cause__ is not None:
-        return exc.__cause__
-    return exc
-
-
-def _is_transient(exc: BaseException) -> bool:
-    exc = _root_cause(exc)
-    if isinstance(exc, _TRANSIENT_EXC):
-        return True
-    code, status = _client_error_code(exc)
-    return status >= 500 or code in _TRANSIENT_CODES
-
 
 class S3Store(StoreBase):
     """Objects in `bucket` under `prefix` (key "a/b" is object "{prefix}a/b")."""
@@ -136,7 +89,7 @@ class S3Store(StoreBase):
             s3={"addressing_style": "path" if endpoint_url else "auto"},
             signature_version="s3v4",
         )
-        self._client = _new_client(
+        self._client = new_client(
             endpoint_url=endpoint_url,
             region_name=region,
             aws_access_key_id=access_key,
@@ -163,12 +116,12 @@ class S3Store(StoreBase):
         return f"{self.prefix}{self.TMP_DIR}/{uuid.uuid4().hex}"
 
     def _error(self, exc: BaseException, op: str, key: str) -> StorageError:
-        cause = _root_cause(exc)
-        code, status = _client_error_code(cause)
-        if code in _NOT_FOUND_CODES:
+        cause = root_cause(exc)
+        code, status = client_error_code(cause)
+        if code in NOT_FOUND_CODES:
             return ObjectNotFound(key)
         where = self.endpoint_url or "AWS S3"
-        if _is_transient(cause):
+        if is_transient(cause):
             return StorageUnavailableError(
                 f"S3 {op} of {key!r} in bucket {self.bucket!r} failed: endpoint {where} "
                 f"unavailable ({type(cause).__name__}: {cause})"
@@ -189,10 +142,10 @@ class S3Store(StoreBase):
                 botocore.exceptions.ClientError,
                 boto3.exceptions.Boto3Error,
             ) as exc:
-                if _is_transient(exc) and time.monotonic() + delay < deadline:
+                if is_transient(exc) and time.monotonic() + delay < deadline:
                     log.warning(
                         "S3 %s of %r failed (%s); retrying in %.2fs, giving up in %.1fs",
-                        op, key, type(_root_cause(exc)).__name__, delay,
+                        op, key, type(root_cause(exc)).__name__, delay,
                         deadline - time.monotonic(),
                     )  # fmt: skip
                     time.sleep(delay)
@@ -213,7 +166,7 @@ class S3Store(StoreBase):
         try:
             self._call("create_bucket", "", lambda: self._client.create_bucket(**kwargs))
         except StorageError as exc:
-            code, _ = _client_error_code(exc.__cause__ or exc)
+            code, _ = client_error_code(exc.__cause__ or exc)
             if code not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
                 raise
 
@@ -365,7 +318,7 @@ class S3Store(StoreBase):
                     raise botocore.exceptions.IncompleteReadError(
                         actual_bytes=offset, expected_bytes=total
                     )
-                except _TRANSIENT_EXC as exc:
+                except TRANSIENT_EXC as exc:
                     body.close()
                     resumes += 1
                     if resumes > self._max_attempts:
@@ -445,7 +398,7 @@ class S3Store(StoreBase):
         """Delete `key`; a missing key is fine (S3 DELETE is idempotent)."""
         self._delete_raw(self._k(key), key)
 
-    def _delete_many(self, full_keys: list[str], what: str) -> None:
+    def _delete_many(self, full_keys: builtins.list[str], what: str) -> None:
         for i in range(0, len(full_keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = [{"Key": k} for k in full_keys[i : i + 1000]]
             resp = self._call(

@@ -1,0 +1,37 @@
+"""The contract between the processes: what the API, the worker and the trainer agree on.
+
+Torch-free (the API imports it); each decision below is made here, once.
+
+    spec        JobSpec, the job spec every process validates with (resolved defaults)
+    presets     the paper's two testbeds (instruction, math) as bundles of defaults
+    parallel    `parallelism`: DDP or FSDP2 for a multi-process job
+    sync        SyncPolicy: when the reference model moves
+    vllm        an online job's vLLM settings
+    rewards     the reward sources a job may name (the code: trainer.rewards)
+    evaluation  what an evaluation request names (file, kind, judge, generation)
+    data        the training-file formats and the one JSONL validator (BOM handling included)
+    runs        the run-directory protocol between worker and trainer: file names, STOP,
+                exit codes, event kinds
+    tasks       Celery task and queue names (the API sends by name, the worker registers)
+    memory      a job's peak training memory per process, estimated from the spec (caps)
+"""
+
+from contract.spec import (
+    AdapterConfig,
+    DPOConfig,
+    GRPOConfig,
+    HumanlineParams,
+    JobSpec,
+    KTOConfig,
+    OptimConfig,
+)
+
+__all__ = [
+    "AdapterConfig",
+    "DPOConfig",
+    "GRPOConfig",
+    "HumanlineParams",
+    "JobSpec",
+    "KTOConfig",
+    "OptimConfig",
+]

@@ -1,0 +1,68 @@
+"""The run-directory protocol: how a worker and a trainer process talk (DESIGN.md §5).
+
+A worker starts `python -m trainer run SPEC --out RUN_DIR [--resume]` and watches RUN_DIR; the
+trainer knows nothing of the service. Everything they share is named here, once.
+
+    RUN_DIR/metrics.jsonl        one line per logged step ({"step", "time", ...values})
+    RUN_DIR/events.jsonl         one line per event ({"time", "kind", "message", "data"})
+    RUN_DIR/data_quality.json    the training data's quality summary (written once)
+    RUN_DIR/result.json          the trainer's own summary at the end
+    RUN_DIR/checkpoints/step-N/  a complete checkpoint (written as step-N.tmp, then renamed);
+                                 its state.json holds the world size it was saved with
+    RUN_DIR/final/               the exported model of a finished run
+    RUN_DIR/STOP                 dropped by the worker: checkpoint at the next step boundary
+                                 and exit with EXIT_STOPPED
+
+Exit codes: EXIT_OK (0) trained to the end; EXIT_INVALID_SPEC (2) the spec or its data is
+invalid (not worth retrying); EXIT_STOPPED (3) stopped at a STOP request; anything else a crash.
+
+An evaluation (`python -m trainer.evaluation run --config C --out DIR`) writes
+progress.json as it goes, then result.json and report.html, or error.json ({"type",
+"message"}) and exits with one of the EVAL_EXIT_* codes.
+"""
+
+from __future__ import annotations
+
+import re
+
+# --- training ----------------------------------------------------------------------------------
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+DATA_QUALITY_FILE = "data_quality.json"
+RESULT_FILE = "result.json"
+STOP_FILE = "STOP"
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_STATE_FILE = "state.json"
+FINAL_DIR = "final"
+CHECKPOINT_DIR_RE = re.compile(r"step-(0|[1-9][0-9]*)")
+
+EXIT_OK, EXIT_INVALID_SPEC, EXIT_STOPPED = 0, 2, 3
+
+# Trainer event kinds the worker copies into the job's events as they are. Any other kind is
+# recorded as `log` (its own kind in data.trainer_kind), except the trainer's `checkpoint`
+# (saved locally), which the worker records itself once the checkpoint is in the store.
+COPIED_EVENT_KINDS = frozenset(
+    {"data", "warning", "started", "resumed", "stopped", "finished", "progress", "round"}
+)
+CHECKPOINT_EVENT = "checkpoint"
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """`step-N`: the name of a complete checkpoint directory under CHECKPOINTS_DIR."""
+    return f"step-{step}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """N for a complete checkpoint directory `step-N` (None for anything else: `.tmp` dirs)."""
+    m = CHECKPOINT_DIR_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+# --- evaluation --------------------------------------------------------------------------------
+EVAL_PROGRESS_FILE = "progress.json"
+EVAL_RESULT_FILE = "result.json"
+EVAL_REPORT_FILE = "report.html"
+EVAL_ERROR_FILE = "error.json"
+EVAL_EXIT_OK, EVAL_EXIT_ERROR, EVAL_EXIT_INVALID, EVAL_EXIT_JUDGE = 0, 1, 2, 3
+EVAL_EXIT_TYPES = {EVAL_EXIT_INVALID: "invalid_evaluation", EVAL_EXIT_JUDGE: "judge_error"}
+JUDGE_API_KEY_ENV = "HUMANLINE_JUDGE_API_KEY"  # the judge's key reaches the child only here
