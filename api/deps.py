@@ -1,4 +1,6 @@
-"""FastAPI dependencies: settings, DB session, object store, job queue, auth, idempotency.
+"""FastAPI dependencies: settings, DB session, object store, auth, idempotency.
+
+The work queues are api.queues; "owned by this team or 404" is api.owned; paging api.paging.
 
 Routes declare what they need with the Annotated aliases at the bottom (`SessionDep`,
 `CurrentTeam`, ...). Everything comes from `app.state`, set once by api.main.create_app, so
@@ -9,14 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib
 import json
 import logging
-import queue
 import re
-import threading
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Any
 
 import anyio
 from anyio import CapacityLimiter
@@ -31,112 +30,13 @@ from starlette.concurrency import run_in_threadpool
 
 from api.errors import api_error
 from api.keycache import KeyCache, TeamRef
-from api.ratelimit import AuthFailureLimiter
+from api.ratelimit import AuthFailureLimiter, client_address
 from models.settings import Settings
 from models.tables import IdempotencyKey
-from models.teams import hash_secret, team_for_key
+from models.teams import DISPLAY_CHARS, hash_secret, team_for_key
 from storage import ObjectStore
 
 log = logging.getLogger("humanline.api")
-
-RUN_JOB_TASK = "worker.tasks.run_job"
-_CELERY_LOCK = threading.Lock()
-
-
-# --- the job queue ------------------------------------------------------------------------
-
-
-@runtime_checkable
-class JobQueue(Protocol):
-    """Where the API hands a committed job id. The DB is the source of truth: a lost message
-    leaves the job `queued`, and the worker's sweep (models.jobs.stale_queued) sends it again."""
-
-    def enqueue(self, job_id: str) -> None: ...
-
-
-class CeleryQueue:
-    """Sends the Celery task `worker.tasks.run_job(job_id)` by name: the API never imports
-    worker code (nor torch). Celery is imported on first use only."""
-
-    def __init__(self, broker_url: str, queue: str | None = None):
-        self.broker_url = broker_url
-        self.queue = queue
-        self._celery: Any = None
-
-    def _app(self) -> Any:
-        if self._celery is None:
-            # One thread imports: celery's package swaps itself for a lazy module on first
-            # import, and a second thread importing meanwhile gets "cannot import name
-            # 'Celery'" (seen with the first concurrent POSTs of a fresh process).
-            with _CELERY_LOCK:
-                if self._celery is None:
-                    try:
-                        from celery import Celery
-                    except ImportError as exc:  # pragma: no cover - depends on the install
-                        raise RuntimeError(
-                            f"BROKER_URL={self.broker_url!r} needs celery in the API image "
-                            "(pip install 'celery[redis]'), or BROKER_URL=memory:// for the "
-                            "embedded worker"
-                        ) from exc
-                    self._celery = Celery("humanline-api", broker=self.broker_url)
-        return self._celery
-
-    def enqueue(self, job_id: str) -> None:
-        options = {"queue": self.queue} if self.queue else {}
-        self._app().send_task(RUN_JOB_TASK, args=[job_id], **options)
-
-
-class EmbeddedQueue:
-    """BROKER_URL=memory://: hand the job to the in-process worker that `humanline-server
-    serve` starts (worker.embedded.enqueue). Without it jobs stay queued, which is visible."""
-
-    def enqueue(self, job_id: str) -> None:
-        try:
-            embedded = importlib.import_module("worker.embedded")
-        except ImportError as exc:
-            raise RuntimeError(
-                "BROKER_URL=memory:// runs jobs in-process, but worker.embedded is not "
-                "importable; install the worker extra or point BROKER_URL at a broker"
-            ) from exc
-        embedded.enqueue(job_id)
-
-
-class BackgroundQueue:
-    """Hands job ids to one sender thread, so a POST does not wait on the broker (a Redis
-    round trip plus kombu's framing: a fifth of the route's time). An id still in memory when
-    the process dies was committed as `queued`: the worker's sweep sends it again."""
-
-    def __init__(self, inner: JobQueue):
-        self.inner = inner
-        self._ids: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def enqueue(self, job_id: str) -> None:
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._send, name="job-sender", daemon=True)
-                    self._thread.start()
-        self._ids.put(job_id)
-
-    def _send(self) -> None:
-        while True:
-            enqueue_after_commit(self.inner, self._ids.get())
-
-
-def default_queue(settings: Settings) -> JobQueue:
-    if settings.embedded_worker:
-        return EmbeddedQueue()
-    return BackgroundQueue(CeleryQueue(settings.BROKER_URL, settings.CELERY_QUEUE))
-
-
-def enqueue_after_commit(queue: JobQueue, job_id: str) -> None:
-    """Never fail a request whose job is already committed: log, the sweep resends."""
-    try:
-        queue.enqueue(job_id)
-    except Exception:
-        log.exception("could not enqueue job; it stays queued", extra={"job_id": job_id})
 
 
 # --- plain state ----------------------------------------------------------------------------
@@ -237,14 +137,9 @@ async def get_store(request: Request) -> ObjectStore:
     return request.app.state.store
 
 
-async def get_queue(request: Request) -> JobQueue:
-    return request.app.state.queue
-
-
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 StoreDep = Annotated[ObjectStore, Depends(get_store)]
-QueueDep = Annotated[JobQueue, Depends(get_queue)]
 
 
 # --- auth -------------------------------------------------------------------------------------
@@ -283,25 +178,40 @@ async def get_current_team(
     """The key's team. Async: a key verified in the last AUTH_CACHE_SECONDS costs no query
     and no thread hop; only a lookup runs in a worker thread."""
     challenge = {"WWW-Authenticate": "Bearer"}
-    limiter, client = auth_limiter(request), request.client.host if request.client else "?"
-    if (wait := limiter.retry_after(client)) is not None:
-        raise api_error(
-            429, "too many failed authentications; retry later", headers={"Retry-After": str(wait)}
-        )
+    limiter = auth_limiter(request)
+    settings = request.app.state.settings
+    client = "ip:" + client_address(
+        request.client.host if request.client else None,
+        request.headers.get("x-forwarded-for"),
+        settings.trusted_proxies,
+    )
+    secret = credentials.credentials.strip() if credentials is not None else ""
     if credentials is None or credentials.scheme.lower() != "bearer":
-        limiter.failure(client)
-        raise api_error(
-            401, "missing API key: send 'Authorization: Bearer hl_...'", headers=challenge
-        )
-    secret = credentials.credentials.strip()
-    cache, digest = key_cache(request), hash_secret(secret)
-    team = cache.get(digest)
-    if team is None:
-        team = await run_in_threadpool(_lookup_team, session, secret)
+        secret = ""
+    team = None
+    if secret:
+        cache, digest = key_cache(request), hash_secret(secret)
+        team = cache.get(digest)
         if team is None:
-            limiter.failure(client)
-            raise api_error(401, "invalid or revoked API key", headers=challenge)
-        cache.put(digest, team)
+            # Looked up even while this client is blocked: a valid key is always served.
+            team = await run_in_threadpool(_lookup_team, session, secret)
+            if team is not None:
+                cache.put(digest, team)
+    if team is None:
+        buckets = (client, "key:" + secret[:DISPLAY_CHARS]) if secret else (client,)
+        waits = [w for b in buckets if (w := limiter.retry_after(b)) is not None]
+        for bucket in buckets:
+            limiter.failure(bucket)
+        if waits:
+            raise api_error(
+                429, "too many failed authentications; retry later",
+                headers={"Retry-After": str(max(waits))},
+            )
+        if not secret:
+            raise api_error(
+                401, "missing API key: send 'Authorization: Bearer hl_...'", headers=challenge
+            )
+        raise api_error(401, "invalid or revoked API key", headers=challenge)
     request.state.team_id = team.id  # for the access log; never the key itself
     return team
 

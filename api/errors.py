@@ -1,9 +1,11 @@
-"""One error shape for every response: {"error": {"message", "type", "field"?, "errors"?,
-"request_id"}}, whether it came from a route, FastAPI's validation or an unexpected bug."""
+"""One error shape for every response: {"error": {"message", "type", "param", "code",
+"field"?, "errors"?, "request_id"}} (OpenAI's fields and ours), whether it came from a route,
+FastAPI's validation or an unexpected bug."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -70,6 +72,9 @@ def error_body(status_code: int, detail: Any) -> dict[str, Any]:
         error.setdefault("type", ERROR_TYPES.get(status_code, "invalid_request_error"))
     else:
         error = {"message": str(detail), "type": ERROR_TYPES.get(status_code, "api_error")}
+    # OpenAI's error fields too, so its SDK reads our errors as its own
+    error.setdefault("param", error.get("field"))
+    error.setdefault("code", None)
     error["request_id"] = current_request_id()
     return {"error": error}
 
@@ -81,7 +86,7 @@ def _field(loc: tuple | list) -> str | None:
     return ".".join(parts) or None
 
 
-def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def validation_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic/FastAPI errors → [{"field", "loc", "message", "type"}] (no echoed input)."""
     out = []
     for err in errors:
@@ -110,7 +115,7 @@ def install_error_handlers(app: FastAPI) -> None:
         first = errors[0] if errors else {"field": None, "message": "invalid request"}
         where = f"{first['field']}: " if first["field"] else ""
         detail: dict[str, Any] = {
-            "message": where + first["message"],
+            "message": where + str(first["message"]),
             "type": "invalid_request_error",
             "errors": errors,
         }
@@ -139,5 +144,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(DataError, invalid_data)
     app.add_exception_handler(StorageUnavailableError, storage_unavailable)
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(RequestValidationError, request_validation_error)
+    # Starlette types a handler as taking any Exception; ours take the one they handle.
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, request_validation_error)  # type: ignore[arg-type]

@@ -6,18 +6,23 @@ uvicorn --factory api.main:server_app     # or: humanline-server serve [--worker
 from __future__ import annotations
 
 import gc
+import logging
 import sys
+from typing import Any
 
 from fastapi import FastAPI
+from prometheus_client import start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Scope
 
-from api.deps import JobQueue, default_queue
 from api.errors import RequestTooLarge, install_error_handlers
+from api.limits import SlotLimiter, stream_limiter, upload_limiter
 from api.observability import Metrics, RequestMiddleware, configure_logging
-from api.routes import evaluations, files, health, jobs, reports
+from api.queues import WorkQueue, default_queue
+from api.routes import evaluations, files, fine_tuning, health, jobs, reports
+from contract.tasks import RUN_EVALUATION, RUN_JOB
 from models.db import make_engine, make_session_factory
 from models.settings import Settings, get_settings
 from models.tables import JOB_STATUSES, Job
@@ -25,6 +30,7 @@ from storage import ObjectStore, open_store
 
 JSON_BODY_LIMIT = 1 << 20  # every request but an upload: job specs are small
 MULTIPART_SLACK = 1 << 16  # multipart framing around the file itself
+log = logging.getLogger("humanline.api")
 
 
 class _JobsCollector:
@@ -50,6 +56,21 @@ class _JobsCollector:
         yield gauge
 
 
+class _SlotsCollector:
+    """`humanline_uploads_in_progress` and `humanline_event_streams_open` (api.limits), per
+    process: how close it is to UPLOAD_MAX_CONCURRENT and STREAMS_TOTAL."""
+
+    def __init__(self, uploads: SlotLimiter, streams: SlotLimiter):
+        self.uploads, self.streams = uploads, streams
+
+    def collect(self):
+        for name, limiter, doc in (
+            ("humanline_uploads_in_progress", self.uploads, "Uploads being received."),
+            ("humanline_event_streams_open", self.streams, "Open event streams."),
+        ):
+            yield GaugeMetricFamily(name, doc, value=limiter.in_use())
+
+
 def _open_store(settings: Settings) -> ObjectStore:
     return open_store(settings.STORAGE_URL, **settings.storage_options())
 
@@ -58,10 +79,11 @@ def create_app(
     settings: Settings | None = None,
     *,
     store: ObjectStore | None = None,
-    queue: JobQueue | None = None,
+    queue: WorkQueue | None = None,
+    eval_queue: WorkQueue | None = None,
     session_factory: sessionmaker[Session] | None = None,
 ) -> FastAPI:
-    """Build the app. Tests (and the embedded server) pass their own store, queue or
+    """Build the app. Tests (and the embedded server) pass their own store, queues or
     sessions; otherwise they come from settings (STORAGE_URL, BROKER_URL, DATABASE_URL).
     The schema must exist already: `humanline-server migrate`."""
     settings = settings or get_settings()
@@ -79,8 +101,12 @@ def create_app(
     app.state.settings = settings
     app.state.session_factory = factory
     app.state.store = store if store is not None else _open_store(settings)
-    app.state.queue = queue if queue is not None else default_queue(settings)
+    app.state.queue = queue if queue is not None else default_queue(settings, RUN_JOB)
+    app.state.eval_queue = (
+        eval_queue if eval_queue is not None else default_queue(settings, RUN_EVALUATION)
+    )
     app.state.metrics = metrics
+    metrics.registry.register(_SlotsCollector(upload_limiter(app.state), stream_limiter(app.state)))
 
     def body_limit(scope: Scope) -> int:
         if scope.get("method") == "POST" and scope.get("path", "").rstrip("/") == "/v1/files":
@@ -92,7 +118,10 @@ def create_app(
     app.include_router(jobs.router, prefix="/v1")
     app.include_router(evaluations.router, prefix="/v1")
     app.include_router(reports.router, prefix="/v1")
+    app.include_router(fine_tuning.router, prefix="/v1")
     app.include_router(health.router)
+    if settings.METRICS_ON_API_PORT:
+        app.include_router(health.metrics_router)
     app.add_middleware(
         RequestMiddleware, metrics=metrics, body_limit=body_limit, too_large=RequestTooLarge
     )
@@ -114,9 +143,31 @@ def tune_serving_process() -> None:
     sys.setswitchinterval(0.001)
 
 
+def serve_metrics(app: FastAPI) -> Any | None:
+    """With METRICS_PORT set, serve the app's Prometheus metrics on their own listener
+    (METRICS_HOST:METRICS_PORT, any path), in a thread: scrapes reach neither the teams' port
+    nor its event loop. Returns the server (its `shutdown()` stops it), or None."""
+    settings: Settings = app.state.settings
+    if not settings.METRICS_PORT:
+        return None
+    try:
+        server, _ = start_http_server(
+            settings.METRICS_PORT, addr=settings.METRICS_HOST, registry=app.state.metrics.registry
+        )
+    except OSError as exc:  # another process of this server has it (uvicorn --workers N)
+        log.error(
+            "metrics not served: cannot listen on %s:%s (%s); with several API processes per "
+            "host give each its own METRICS_PORT",
+            settings.METRICS_HOST, settings.METRICS_PORT, exc,
+        )  # fmt: skip
+        return None
+    return server
+
+
 def server_app() -> FastAPI:
     """The app of a serving process: `uvicorn --factory api.main:server_app`. Tests build
     their apps with create_app, which leaves the process as it found it."""
     app = create_app()
+    serve_metrics(app)
     tune_serving_process()
     return app

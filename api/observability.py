@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -103,11 +104,13 @@ def route_template(scope: Scope) -> str:
 
 
 MAX_HEADER_BYTES = 32 * 1024  # all names and values together (nginx: 4 x 8 KiB)
+CLIENT_CLOSED = 499  # the status nginx logs for a request its client abandoned
 
 
 class RequestMiddleware:
     """Per request: X-Request-ID in/out, body size limit, metrics, one access-log line, and a
-    JSON 500 (with the request id) instead of a stack trace for an unexpected exception."""
+    JSON 500 (with the request id) instead of a stack trace for an unexpected exception. A
+    client that disconnects mid-request is logged as status 499, not as an error."""
 
     def __init__(
         self,
@@ -168,6 +171,9 @@ class RequestMiddleware:
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 raise self.too_large(limit)
             await self.app(scope, receive_wrapper, send_wrapper)
+        except ClientDisconnect:  # the client left mid-request (an upload cut short): no fault
+            status = CLIENT_CLOSED
+            log.info("client disconnected", extra={"path": scope.get("path")})
         except Exception as exc:  # the app's handlers missed it: never leak a trace
             status = getattr(exc, "status_code", 500)
             if status >= 500:

@@ -1,20 +1,26 @@
-"""Failed-authentication rate limit: a token bucket per client IP, in this process's memory.
+"""Failed-authentication rate limit: token buckets in this process's memory, one per client
+and one per key prefix.
 
 Every request with a missing, malformed or unknown API key takes a token from its client's
-bucket (AUTH_FAILURES_PER_MINUTE, default 20, refilled continuously); once the bucket is
-empty that client gets 429 with Retry-After for every authenticated route, whatever key it
-sends, until a token is back. Valid keys take no token. An online brute force of the
-256-bit keys was hopeless anyway; this stops it costing a DB lookup per guess and makes it
-visible.
+bucket and from its key prefix's (the first characters of the key, models.teams.DISPLAY_CHARS)
+(AUTH_FAILURES_PER_MINUTE, default 20, refilled continuously); once either is empty, unknown
+keys get 429 with Retry-After instead of 401. A key that verifies is always served: behind an
+ingress every team may share one client address, and 20 bad keys from one team must not lock
+the others (or that team's valid keys) out. The key space (256 bits) makes guessing hopeless
+anyway; the buckets make it visible and slow, and a blocked client's guesses still cost one
+indexed lookup each.
+
+The client is the socket peer, or, when the peer is listed in TRUSTED_PROXIES, the rightmost
+X-Forwarded-For address that is not a trusted proxy (client_address): a forwarded header from
+anyone else is ignored, so rotating it buys no fresh buckets.
 
 The buckets are per API process: with N replicas a client gets up to N times the budget, so
 multi-replica deployments should also rate-limit at the ingress (by client IP, on 401s).
-The client IP is the socket peer (request.client): run uvicorn with --proxy-headers and
---forwarded-allow-ips for the ingress so that it is the real client's.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import threading
@@ -63,3 +69,34 @@ class AuthFailureLimiter:
             self._buckets.move_to_end(client)
             while len(self._buckets) > self.max_clients:  # bounded memory: forget the oldest
                 self._buckets.popitem(last=False)
+
+
+def client_address(peer: str | None, forwarded_for: str | None, trusted: tuple) -> str:
+    """The client a failure is charged to: the socket peer, unless the peer is a trusted proxy
+    (TRUSTED_PROXIES); then the rightmost X-Forwarded-For address that is not one, so a client
+    cannot pick its own bucket by sending the header (an untrusted peer's is ignored, and a
+    trusted ingress appends the address it saw)."""
+    if not peer:
+        return "?"
+    if not trusted or not _trusted(peer, trusted) or not forwarded_for:
+        return peer
+    for hop in reversed([h.strip() for h in forwarded_for.split(",")]):
+        if not _trusted(hop, trusted):
+            return hop if _is_ip(hop) else peer
+    return peer
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def _trusted(address: str, trusted: tuple) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in trusted)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from models.tables import Checkpoint, File, Job, JobEvent, JobMetric
 
 T = TypeVar("T")
 
@@ -34,6 +32,11 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route that may answer with these error statuses."""
+    return {status: {"model": ErrorResponse} for status in statuses}
+
+
 class Page(BaseModel, Generic[T]):
     """A page of a cursor-paginated list: pass `last_id` as `after` for the next one."""
 
@@ -44,52 +47,70 @@ class Page(BaseModel, Generic[T]):
     last_id: str | int | None = None
 
 
-class FileOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "file-019a4b5c6d7e8f9a0b1c2d3e4f5a",
-                    "object": "file",
-                    "filename": "prefs.jsonl",
-                    "purpose": "train",
-                    "bytes": 18234,
-                    "sha256": "9b74c9897bac770ffc029102a200c5de...",
-                    "format": "preference",
-                    "records": 128,
-                    "status": "processed",
-                    "created_at": "2026-11-21T06:30:00Z",
-                }
-            ]
+def example(response: dict[str, Any]) -> ConfigDict:
+    """The model_config of a response model with this example in its OpenAPI schema."""
+    return ConfigDict(json_schema_extra={"examples": [response]})
+
+
+class RowOut(BaseModel):
+    """A response read off a table row (an ORM object, or a Row of its columns): each field but
+    `object` is the row's attribute of the same name, unless `derived(row)` gives it (a field
+    the row stores under another name or in another shape)."""
+
+    @classmethod
+    def derived(cls, row: Any) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def fields_of(cls, row: Any) -> dict[str, Any]:
+        derived = cls.derived(row)
+        copied = (name for name in cls.model_fields if name not in derived and name != "object")
+        return {**{name: getattr(row, name) for name in copied}, **derived}
+
+    @classmethod
+    def of(cls, row: Any) -> Self:
+        return cls(**cls.fields_of(row))
+
+
+class FileOut(RowOut):
+    model_config = example(
+        {
+            "id": "file-019a4b5c6d7e8f9a0b1c2d3e4f5a",
+            "object": "file",
+            "filename": "prefs.jsonl",
+            "purpose": "train",
+            "bytes": 18234,
+            "sha256": "9b74c9897bac770ffc029102a200c5de...",
+            "format": "preference",
+            "records": 128,
+            "status": "processed",
+            "created_at": 1763706600,
         }
     )
+    # Typed as OpenAI's file object (integer created_at, its purposes and statuses), so the
+    # `openai` package reads our files as its own.
 
     id: str
     object: Literal["file"] = "file"
     filename: str
-    purpose: Literal["train", "eval"]
+    purpose: Literal["train", "eval", "fine-tune"]
     bytes: int
     sha256: str
     format: str | None
     records: int
-    status: str
+    status: Literal["uploaded", "processed", "error"]
     error: dict[str, Any] | None = None
-    created_at: datetime
+    warnings: list[str] = Field(default_factory=list, description="E.g. unknown columns.")
+    created_at: int = Field(..., description="Unix seconds, as OpenAI's file object.")
 
     @classmethod
-    def of(cls, row: File) -> FileOut:
-        return cls(
-            id=row.id,
-            filename=row.filename,
-            purpose=row.purpose,  # type: ignore[arg-type]
-            bytes=row.bytes,
-            sha256=row.sha256,
-            format=row.format,
-            records=row.records,
-            status=row.status,
-            error=row.error,
-            created_at=row.created_at,
-        )
+    def derived(cls, row: Any) -> dict[str, Any]:
+        return {"warnings": row.warnings or [], "created_at": unix_seconds(row.created_at)}
+
+
+def unix_seconds(when: datetime) -> int:
+    """A stored timestamp (naive UTC on SQLite, aware on PostgreSQL) as Unix seconds."""
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp())
 
 
 class Deleted(BaseModel):
@@ -98,31 +119,27 @@ class Deleted(BaseModel):
     deleted: bool = True
 
 
-class JobOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "job-019a4b5c6d7e8f9a0b1c2d3e4f5a",
-                    "object": "job",
-                    "status": "running",
-                    "base_model": "smollm2-135m-instruct",
-                    "objective": "dpo",
-                    "variant": "offline+humanline",
-                    "training_file": "file-019a4b5c6d7e...",
-                    "metadata": {"experiment": "sweep-3"},
-                    "attempt": 1,
-                    "current_step": 40,
-                    "total_steps": 200,
-                    "error": None,
-                    "result": None,
-                    "created_at": "2026-11-21T06:30:00Z",
-                    "updated_at": "2026-11-21T06:31:00Z",
-                    "started_at": "2026-11-21T06:30:05Z",
-                    "finished_at": None,
-                    "spec": {"base_model": "smollm2-135m-instruct", "objective": {"name": "dpo"}},
-                }
-            ]
+class JobOut(RowOut):
+    model_config = example(
+        {
+            "id": "job-019a4b5c6d7e8f9a0b1c2d3e4f5a",
+            "object": "job",
+            "status": "running",
+            "base_model": "smollm2-135m-instruct",
+            "objective": "dpo",
+            "variant": "offline+humanline",
+            "training_file": "file-019a4b5c6d7e...",
+            "metadata": {"experiment": "sweep-3"},
+            "attempt": 1,
+            "current_step": 40,
+            "total_steps": 200,
+            "error": None,
+            "result": None,
+            "created_at": "2026-11-21T06:30:00Z",
+            "updated_at": "2026-11-21T06:31:00Z",
+            "started_at": "2026-11-21T06:30:05Z",
+            "finished_at": None,
+            "spec": {"base_model": "smollm2-135m-instruct", "objective": {"name": "dpo"}},
         }
     )
 
@@ -146,47 +163,34 @@ class JobOut(BaseModel):
     spec: dict[str, Any]
 
     @classmethod
-    def of(cls, row: Job) -> JobOut:
+    def derived(cls, row: Any) -> dict[str, Any]:
         spec = row.spec or {}
         variant = spec.get("data_source", "offline") + (
             "+humanline" if spec.get("humanline") else ""
         )
+        return {
+            "variant": variant,
+            "training_file": spec.get("training_file"),
+            "metadata": row.meta or {},
+            "spec": spec,
+        }
+
+    @classmethod
+    def of(cls, row: Any) -> JobOut:
         # built from a row the service wrote (no validation): a page of 20 jobs with their
         # specs is the hottest read of the API
-        return cls.model_construct(
-            id=row.id,
-            status=row.status,
-            base_model=row.base_model,  # type: ignore[arg-type]
-            objective=row.objective,
-            variant=variant,
-            training_file=spec.get("training_file"),
-            metadata=row.meta or {},
-            attempt=row.attempt,
-            current_step=row.current_step,
-            total_steps=row.total_steps,
-            error=row.error,
-            result=row.result,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            started_at=row.started_at,
-            finished_at=row.finished_at,
-            spec=spec,
-        )
+        return cls.model_construct(**cls.fields_of(row))
 
 
-class EventOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "seq": 3,
-                    "object": "job.event",
-                    "kind": "status",
-                    "message": "queued → running",
-                    "data": {"from": "queued", "to": "running", "attempt": 1},
-                    "created_at": "2026-11-21T06:30:05Z",
-                }
-            ]
+class EventOut(RowOut):
+    model_config = example(
+        {
+            "seq": 3,
+            "object": "job.event",
+            "kind": "status",
+            "message": "queued → running",
+            "data": {"from": "queued", "to": "running", "attempt": 1},
+            "created_at": "2026-11-21T06:30:05Z",
         }
     )
 
@@ -197,35 +201,17 @@ class EventOut(BaseModel):
     data: dict[str, Any] | None
     created_at: datetime
 
-    @classmethod
-    def of(cls, row: JobEvent) -> EventOut:
-        return cls(
-            seq=row.seq,
-            kind=row.kind,
-            message=row.message,
-            data=row.data,
-            created_at=row.created_at,
-        )
 
-
-class MetricOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "step": 10,
-                    "values": {"loss": 0.61, "clip_fraction": 0.03, "grad_norm": 0.8},
-                }
-            ]
+class MetricOut(RowOut):
+    model_config = example(
+        {
+            "step": 10,
+            "values": {"loss": 0.61, "clip_fraction": 0.03, "grad_norm": 0.8},
         }
     )
 
     step: int
     values: dict[str, Any]
-
-    @classmethod
-    def of(cls, row: JobMetric) -> MetricOut:
-        return cls(step=row.step, values=row.values)
 
 
 class MetricsPage(BaseModel):
@@ -234,19 +220,15 @@ class MetricsPage(BaseModel):
     has_more: bool
 
 
-class CheckpointOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "object": "checkpoint",
-                    "job_id": "job-019a...",
-                    "step": 100,
-                    "bytes": 540000000,
-                    "files": ["model.safetensors", "config.json"],
-                    "created_at": "2026-11-21T06:40:00Z",
-                }
-            ]
+class CheckpointOut(RowOut):
+    model_config = example(
+        {
+            "object": "checkpoint",
+            "job_id": "job-019a...",
+            "step": 100,
+            "bytes": 540000000,
+            "files": ["model.safetensors", "config.json"],
+            "created_at": "2026-11-21T06:40:00Z",
         }
     )
 
@@ -256,16 +238,6 @@ class CheckpointOut(BaseModel):
     bytes: int
     files: list[str] | None
     created_at: datetime
-
-    @classmethod
-    def of(cls, row: Checkpoint) -> CheckpointOut:
-        return cls(
-            job_id=row.job_id,
-            step=row.step,
-            bytes=row.bytes,
-            files=row.files,
-            created_at=row.created_at,
-        )
 
 
 class Health(BaseModel):

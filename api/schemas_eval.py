@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from models.tables import Evaluation
-from trainer.spec.evaluation import (  # noqa: F401  (re-exported for the routes)
+from api.schemas import RowOut, example
+from contract.evaluation import (  # noqa: F401  (re-exported for the routes)
     GENERATION_DEFAULTS,
     EvalKind,
     EvalRequest,
@@ -17,6 +17,7 @@ from trainer.spec.evaluation import (  # noqa: F401  (re-exported for the routes
     OpenAIJudgeIn,
     RewardModelJudgeIn,
 )
+from models.tables import Evaluation
 
 EvalStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EVAL_FORMATS: dict[str, str] = {"instruction": "eval_instruction", "math": "eval_math"}
@@ -40,35 +41,31 @@ class EvaluationCreate(EvalRequest):
         return super().problem()
 
 
-class EvaluationOut(BaseModel):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "id": "eval-019a4b5c6d7e8f9a0b1c2d3e4f5a",
-                    "object": "evaluation",
-                    "status": "succeeded",
-                    "kind": "instruction",
-                    "job_id": "job-019a...",
-                    "step": None,
-                    "base_model": None,
-                    "file_id": "file-019a...",
-                    "config": {
-                        "judge": {
-                            "type": "openai",
-                            "base_url": "http://judge:8000/v1",
-                            "model": "gpt-4.1",
-                        },
-                        "generation": {"n": 1, "temperature": 0.0, "max_new_tokens": 512},
-                    },
-                    "result": {
-                        "metrics": {
-                            "lc_win_rate": {"value": 0.41, "se": 0.017},
-                            "win_rate": {"value": 0.38, "se": 0.016},
-                        }
-                    },
+class EvaluationOut(RowOut):
+    model_config = example(
+        {
+            "id": "eval-019a4b5c6d7e8f9a0b1c2d3e4f5a",
+            "object": "evaluation",
+            "status": "succeeded",
+            "kind": "instruction",
+            "job_id": "job-019a...",
+            "step": None,
+            "base_model": None,
+            "file_id": "file-019a...",
+            "config": {
+                "judge": {
+                    "type": "openai",
+                    "base_url": "http://judge:8000/v1",
+                    "model": "gpt-4.1",
+                },
+                "generation": {"n": 1, "temperature": 0.0, "max_new_tokens": 512},
+            },
+            "result": {
+                "metrics": {
+                    "lc_win_rate": {"value": 0.41, "se": 0.017},
+                    "win_rate": {"value": 0.38, "se": 0.016},
                 }
-            ]
+            },
         }
     )
 
@@ -88,26 +85,12 @@ class EvaluationOut(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, row: Evaluation) -> EvaluationOut:
+    def derived(cls, row: Any) -> dict[str, Any]:
         config = dict(row.config or {})
         result = dict(row.result) if row.result else None
         if result is not None:
             result.pop("report", None)  # object keys are ours; the report routes serve them
-        return cls(
-            id=row.id,
-            status=row.status,  # type: ignore[arg-type]
-            kind=row.kind,  # type: ignore[arg-type]
-            job_id=row.job_id,
-            step=config.get("step"),
-            base_model=row.base_model,
-            file_id=row.file_id,
-            config=config,
-            result=result,
-            error=row.error,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-            finished_at=row.finished_at,
-        )
+        return {"step": config.get("step"), "config": config, "result": result}
 
 
 def eval_summary(row: Evaluation) -> dict[str, Any]:

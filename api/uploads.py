@@ -2,13 +2,13 @@
 line by line, hash it and write it to the object store, all at once.
 
 The route (api.routes.files) pumps the request body from the event loop into a worker thread
-(`BodyPump`, a small read-ahead queue of ~1 MiB blocks), where `receive_upload` parses the
-multipart framing (python-multipart's streaming parser), and sends the bytes of the part named
-`file` through `UploadChecker.check` straight into `store.put_stream(key, ...)`. The checker
-validates every line a chunk completes and raises `UploadRejected` at the first reason to
-refuse the file, or after its last chunk unless it is entirely valid. `put_stream` writes to
-a temporary object and publishes it under `key` only when its chunk iterator ends normally,
-so a refused upload never creates an object (nor, later, a row). Memory stays bounded by
+(api.bodypump.BodyPump, a small read-ahead queue of ~1 MiB blocks), where `receive_upload`
+parses the multipart framing (python-multipart's streaming parser), and sends the bytes of the
+part named `file` through `UploadChecker.check` straight into `store.put_stream(key, ...)`.
+The checker validates every line a chunk completes and raises `UploadRejected` at the first
+reason to refuse the file, or after its last chunk unless it is entirely valid. `put_stream`
+writes to a temporary object and publishes it under `key` only when its chunk iterator ends
+normally, so a refused upload never creates an object (nor, later, a row). Memory stays bounded by
 the read-ahead blocks, one chunk and one line; nothing is spooled to local disk, and the
 socket, the JSON parsing and the store write overlap.
 
@@ -19,29 +19,26 @@ file is spooled to a local temporary file, then validated and stored in two pass
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Self
+from typing import Any, BinaryIO, cast
 
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
-from storage import ObjectStore
-from trainer.spec.data import (
+from contract.data import (
     EVAL_FORMATS,
     MAX_ERRORS,
     TRAIN_FORMATS,
     JsonlValidator,
-    LineError,
     iter_lines,
 )
+from storage import ObjectStore
 
 CHUNK = 1 << 20
-_BOM = b"\xef\xbb\xbf"
-ALLOWED_FORMATS = {"train": TRAIN_FORMATS, "eval": EVAL_FORMATS}
+ALLOWED_FORMATS = {"train": TRAIN_FORMATS, "eval": EVAL_FORMATS, "fine-tune": TRAIN_FORMATS}
 PURPOSES = tuple(ALLOWED_FORMATS)
 MAX_FIELD_BYTES = 1 << 20  # a form field other than the file (as Starlette's default)
 MAX_PARTS = 1000
@@ -73,6 +70,7 @@ class ValidUpload:
     sha256: str
     format: str
     records: int
+    warnings: tuple[str, ...] = ()  # columns the format does not read (contract.data)
 
 
 @dataclass(frozen=True)
@@ -82,25 +80,6 @@ class ReceivedUpload:
     valid: ValidUpload
     purpose: str
     filename: str | None
-
-
-class _LimitedValidator(JsonlValidator):
-    """JsonlValidator with the service's (possibly tighter) line limit; tolerates a BOM."""
-
-    def __init__(self, allowed, max_line_bytes: int):
-        super().__init__(allowed)
-        self.max_line_bytes = max_line_bytes
-
-    def feed(self, raw: bytes) -> dict | None:
-        if self._line == 0 and raw.startswith(_BOM):
-            raw = raw[len(_BOM) :]
-        if len(raw) > self.max_line_bytes:
-            self._line += 1
-            self.report.add(
-                LineError(self._line, "(line)", f"longer than {self.max_line_bytes} bytes")
-            )
-            return None
-        return super().feed(raw)
 
 
 def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK) -> Iterator[bytes]:
@@ -134,7 +113,7 @@ class UploadChecker:
     def __init__(self, *, purpose: str, max_bytes: int, max_line_bytes: int):
         self.purpose = purpose
         self.max_bytes = max_bytes
-        self.validator = _LimitedValidator(ALLOWED_FORMATS[purpose], max_line_bytes)
+        self.validator = JsonlValidator(ALLOWED_FORMATS[purpose], max_line_bytes)
         self.digest = _Sha256InBackground()
         self.size = 0
         self._result: ValidUpload | None = None
@@ -192,7 +171,8 @@ class UploadChecker:
             )
         assert report.format is not None
         self._result = ValidUpload(
-            self.size, self.digest.hexdigest(), report.format, report.records
+            self.size, self.digest.hexdigest(), report.format, report.records,
+            tuple(report.warnings),
         )
         return self._result
 
@@ -436,73 +416,14 @@ def _receive_spooled(
             raise FormInvalid(form_errors(has_file=True, purpose=purpose))
         spool.seek(0)
         valid = validate_upload(
-            spool, purpose=purpose, max_bytes=max_bytes, max_line_bytes=max_line_bytes
+            cast(BinaryIO, spool),
+            purpose=purpose,
+            max_bytes=max_bytes,
+            max_line_bytes=max_line_bytes,
         )
         spool.seek(0)
-        stored = store.put_stream(key, read_chunks(spool))
+        stored = store.put_stream(key, read_chunks(cast(BinaryIO, spool)))
         if stored != valid.bytes:  # pragma: no cover - the spool is ours alone
             store.delete(key)
             raise RuntimeError(f"stored {stored} bytes of a {valid.bytes}-byte upload")
     return ReceivedUpload(valid, purpose, filename)
-
-
-# --- from the event loop to the worker thread -------------------------------------------------
-
-_END = object()
-
-
-class BodyPump:
-    """Reads a request body in the event loop, ahead of a worker thread that consumes it.
-
-    Body chunks are joined into blocks of ~1 MiB (one thread hand-over per block, not per
-    64 KiB socket read) and queued, at most `depth` blocks ahead: memory stays bounded and
-    receiving overlaps the consumer's work. `chunks()` is the consumer's (blocking) iterator;
-    an error while receiving (client gone, body over the size limit) is raised there. Use as
-    an async context manager: leaving it stops the reader."""
-
-    def __init__(self, stream, *, block: int = CHUNK, depth: int = 4):
-        self.stream = stream
-        self.block = block
-        self.queue: asyncio.Queue = asyncio.Queue(depth)
-        self.loop = asyncio.get_running_loop()
-        self.task: asyncio.Task | None = None
-
-    async def __aenter__(self) -> Self:
-        self.task = asyncio.ensure_future(self._read())
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        assert self.task is not None
-        self.task.cancel()
-        await asyncio.wait([self.task])
-        while not self.queue.empty():  # unblock a consumer still waiting (never normally)
-            self.queue.get_nowait()
-        self.queue.put_nowait(UploadRejected(400, "the upload was abandoned"))
-
-    async def _read(self) -> None:
-        parts: list[bytes] = []
-        size = 0
-        try:
-            async for chunk in self.stream:
-                parts.append(chunk)
-                size += len(chunk)
-                if size >= self.block:
-                    await self.queue.put(b"".join(parts))
-                    parts, size = [], 0
-            if parts:
-                await self.queue.put(b"".join(parts))
-            await self.queue.put(_END)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
-            await self.queue.put(exc)
-
-    def chunks(self) -> Iterator[bytes]:
-        """The body's blocks, in a worker thread (blocks while the next one arrives)."""
-        while True:
-            item = asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop).result()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item

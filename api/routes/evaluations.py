@@ -3,17 +3,15 @@ per-evaluation report (JSON with per-item records, or its HTML page)."""
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, StreamingResponse
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deps import (
-    CeleryQueue,
     CurrentTeam,
     IdempotencyDep,
     SessionDep,
@@ -22,94 +20,32 @@ from api.deps import (
     request_hash,
 )
 from api.errors import api_error
-from api.schemas import ErrorResponse, Page
-from api.schemas_eval import EVAL_FORMATS, EvalRequest, EvalKind, EvalStatus, EvaluationCreate, EvaluationOut
-from models.settings import Settings, setting
-from models.tables import Checkpoint, Evaluation, File, Job
+from api.owned import OwnedEvaluation, get_owned_evaluation, owned  # noqa: F401 (re-exported)
+from api.paging import Cursor, Limit, fetch_page, where_given
+from api.queues import EvalQueueDep, enqueue_after_commit
+from api.schemas import Page, error_responses
+from api.schemas_eval import (
+    EVAL_FORMATS,
+    EvalKind,
+    EvalRequest,
+    EvalStatus,
+    EvaluationCreate,
+    EvaluationOut,
+)
+from models import jobs as job_states
+from models.quota import within_eval_quota
+from models.settings import Settings
+from models.tables import Evaluation, File, Job
 from storage import ObjectNotFound
 
 log = logging.getLogger("humanline.api")
 router = APIRouter(prefix="/evaluations", tags=["evaluations"])
-_ERRORS = {r: {"model": ErrorResponse} for r in (400, 401, 404, 409, 422, 429)}
-RUN_EVALUATION_TASK = "worker.tasks.run_evaluation"
-ACTIVE = ("queued", "running")
+_ERRORS = error_responses(400, 401, 404, 409, 422, 429)
 # Served report pages are inert documents: no scripts, no network.
 REPORT_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:",
     "X-Content-Type-Options": "nosniff",
 }
-
-
-# --- settings (proposed fields of models.settings.Settings; env vars until then) -------------
-
-
-def allowed_judge_urls(settings: Settings) -> set[str]:
-    raw = str(setting(settings, "EVAL_JUDGE_BASE_URLS", ""))
-    return {u.strip().rstrip("/") for u in raw.split(",") if u.strip()}
-
-
-def reward_model_names(settings: Settings) -> set[str]:
-    raw = str(setting(settings, "EVAL_REWARD_MODELS", ""))
-    return {
-        e.partition("=")[0].strip()
-        for e in raw.split(",")
-        if "=" in e and e.partition("=")[0].strip()
-    }
-
-
-# --- the queue -------------------------------------------------------------------------------
-
-
-class EvaluationQueue(Protocol):
-    def enqueue(self, evaluation_id: str) -> None: ...
-
-
-class CeleryEvaluationQueue(CeleryQueue):
-    """Sends `worker.tasks.run_evaluation(evaluation_id)` by name, like jobs' run_job."""
-
-    def enqueue(self, evaluation_id: str) -> None:
-        options = {"queue": self.queue} if self.queue else {}
-        self._app().send_task(RUN_EVALUATION_TASK, args=[evaluation_id], **options)
-
-
-class EmbeddedEvaluationQueue:
-    """BROKER_URL=memory://: the in-process worker's `enqueue_evaluation`."""
-
-    def enqueue(self, evaluation_id: str) -> None:
-        embedded = importlib.import_module("worker.embedded")
-        hand_over = getattr(embedded, "enqueue_evaluation", None)
-        if hand_over is None:
-            raise RuntimeError("the embedded worker cannot run evaluations (no enqueue_evaluation)")
-        hand_over(evaluation_id)
-
-
-def get_eval_queue(request: Request) -> EvaluationQueue:
-    """app.state.eval_queue (tests set it), else one made from the settings on first use."""
-    queue = getattr(request.app.state, "eval_queue", None)
-    if queue is None:
-        settings: Settings = request.app.state.settings
-        queue = (
-            EmbeddedEvaluationQueue()
-            if settings.embedded_worker
-            else CeleryEvaluationQueue(settings.BROKER_URL, settings.CELERY_QUEUE)
-        )
-        request.app.state.eval_queue = queue
-    return queue
-
-
-EvalQueueDep = Annotated[EvaluationQueue, Depends(get_eval_queue)]
-
-
-def get_owned_evaluation(
-    evaluation_id: Annotated[str, Path(max_length=64)], team: CurrentTeam, session: SessionDep
-) -> Evaluation:
-    row = session.get(Evaluation, evaluation_id)
-    if row is None or row.team_id != team.id:
-        raise api_error(404, f"no evaluation {evaluation_id!r}", field="evaluation_id")
-    return row
-
-
-OwnedEvaluation = Annotated[Evaluation, Depends(get_owned_evaluation)]
 
 
 # --- create ----------------------------------------------------------------------------------
@@ -120,20 +56,11 @@ def _model(
 ) -> tuple[str | None, int | None]:
     """(job id, checkpoint row id) of what is evaluated; raises the API error otherwise."""
     if body.job_id is None:
-        if body.base_model not in settings.allowed_base_models:
-            raise api_error(
-                422,
-                f"unknown base_model {body.base_model!r}; one of {', '.join(settings.allowed_base_models)}",
-                field="base_model",
-            )
+        check_base_model(body.base_model, settings)
         return None, None
-    job = session.get(Job, body.job_id)
-    if job is None or job.team_id != team_id:
-        raise api_error(404, f"no job {body.job_id!r}", field="job_id")
+    job = owned(session, Job, body.job_id, team_id, field="job_id")
     if body.step is not None:
-        ckpt = session.execute(
-            select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == body.step)
-        ).scalar_one_or_none()
+        ckpt = job_states.checkpoint_at(session, job.id, body.step)
         if ckpt is None:
             raise api_error(
                 404, f"job {job.id} has no checkpoint at step {body.step}", field="step"
@@ -149,11 +76,16 @@ def _model(
     return job.id, None
 
 
+def check_base_model(name: str | None, settings: Settings) -> None:
+    """Only base models the operator allows (a job's and an evaluation's alike)."""
+    if name not in settings.allowed_base_models:
+        allowed = ", ".join(settings.allowed_base_models)
+        raise api_error(422, f"unknown base_model {name!r}; one of {allowed}", field="base_model")
+
+
 def check_eval_file(session: Session, team_id: str, body: EvalRequest, where: str = "") -> File:
     """The team's processed eval file of the request's kind; `where` prefixes error fields."""
-    row = session.get(File, body.file_id)
-    if row is None or row.team_id != team_id:
-        raise api_error(404, f"no file {body.file_id!r}", field=f"{where}file_id")
+    row = owned(session, File, body.file_id, team_id, field=f"{where}file_id")
     if row.purpose != "eval":
         raise api_error(
             422,
@@ -161,7 +93,9 @@ def check_eval_file(session: Session, team_id: str, body: EvalRequest, where: st
             field=f"{where}file_id",
         )
     if row.status != "processed":
-        raise api_error(422, f"file {row.id} is {row.status}, not processed", field=f"{where}file_id")
+        raise api_error(
+            422, f"file {row.id} is {row.status}, not processed", field=f"{where}file_id"
+        )
     want = EVAL_FORMATS[body.kind]
     if row.format != want:
         raise api_error(
@@ -179,7 +113,7 @@ def check_judge(body: EvalRequest, settings: Settings, where: str = "") -> dict[
         return None
     if judge.type == "openai":
         url = judge.base_url.strip().rstrip("/")
-        allowed = allowed_judge_urls(settings)
+        allowed = settings.judge_base_urls
         if url not in allowed:
             # The server's API key goes to this URL: only operator-approved endpoints.
             raise api_error(
@@ -193,7 +127,7 @@ def check_judge(body: EvalRequest, settings: Settings, where: str = "") -> dict[
                 field=f"{where}judge.base_url",
             )
         return body.stored_judge()
-    names = reward_model_names(settings)
+    names = set(settings.judge_reward_models)
     if judge.model not in names:
         raise api_error(
             422,
@@ -228,14 +162,6 @@ def create_evaluation(
     job_id, checkpoint_id = _model(session, team.id, body, settings)
     file = check_eval_file(session, team.id, body)
     check_judge(body, settings)
-    limit = int(setting(settings, "MAX_EVALS_PER_TEAM", 10))
-    active = session.execute(
-        select(func.count())
-        .select_from(Evaluation)
-        .where(Evaluation.team_id == team.id, Evaluation.status.in_(ACTIVE))
-    ).scalar_one()
-    if active >= limit:
-        raise api_error(429, f"at most {limit} queued or running evaluations per team")
     config = body.stored_config(file, step=body.step)
     row = Evaluation(
         team_id=team.id,
@@ -249,15 +175,17 @@ def create_evaluation(
     )
     session.add(row)
     session.flush()
+    limit = settings.MAX_EVALS_PER_TEAM  # after the insert, counted under the team's lock
+    if not within_eval_quota(session, team.id, limit):
+        session.rollback()
+        raise api_error(
+            429, f"at most {limit} queued or running evaluations per team",
+            headers={"x-should-retry": "false"},
+        )
     out = EvaluationOut.of(row).model_dump(mode="json")
     if (winner := idem.commit(req_hash, 201, out)) is not None:
         return winner
-    try:  # after the commit: the worker must find the row
-        queue.enqueue(row.id)
-    except Exception:
-        log.exception(
-            "could not enqueue evaluation; it stays queued", extra={"evaluation_id": row.id}
-        )
+    enqueue_after_commit(queue, row.id)  # after the commit: the worker must find the row
     return JSONResponse(out, status_code=201)
 
 
@@ -271,29 +199,17 @@ def list_evaluations(
     job_id: Annotated[str | None, Query(max_length=64)] = None,
     status: EvalStatus | None = None,
     kind: EvalKind | None = None,
-    after: Annotated[
-        str | None, Query(max_length=64, description="Cursor: an evaluation id.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Cursor = None,
+    limit: Limit = 20,
 ):
     """Newest first; filter by job, status and kind."""
-    query = select(Evaluation).where(Evaluation.team_id == team.id)
-    if job_id is not None:
-        query = query.where(Evaluation.job_id == job_id)
-    if status is not None:
-        query = query.where(Evaluation.status == status)
-    if kind is not None:
-        query = query.where(Evaluation.kind == kind)
-    if after is not None:
-        query = query.where(Evaluation.id < after)
-    rows = list(session.execute(query.order_by(Evaluation.id.desc()).limit(limit + 1)).scalars())
-    data = [EvaluationOut.of(r) for r in rows[:limit]]
-    return Page[EvaluationOut](
-        data=data,
-        has_more=len(rows) > limit,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
+    query = where_given(
+        select(Evaluation).where(Evaluation.team_id == team.id),
+        (Evaluation.job_id, job_id),
+        (Evaluation.status, status),
+        (Evaluation.kind, kind),
     )
+    return fetch_page(session, query, Evaluation.id, after, limit, EvaluationOut)
 
 
 @router.get("/{evaluation_id}", response_model=EvaluationOut, responses=_ERRORS)
@@ -316,7 +232,8 @@ def get_evaluation_report(
     if evaluation.status != "succeeded" or not key:
         raise api_error(
             409,
-            f"evaluation {evaluation.id} is {evaluation.status}; its report exists once it succeeded",
+            f"evaluation {evaluation.id} is {evaluation.status}; "
+            "its report exists once it succeeded",
             field="evaluation_id",
         )
     try:

@@ -5,16 +5,23 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Annotated, Literal
+from dataclasses import replace
+from functools import partial
+from typing import Literal
 
-from fastapi import APIRouter, Query, Request
+import anyio
+from anyio import CapacityLimiter
+from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.bodypump import BodyPump
 from api.deps import (
     CurrentTeam,
+    Idempotency,
     IdempotencyDep,
     SessionDep,
     SettingsDep,
@@ -23,10 +30,12 @@ from api.deps import (
     request_hash,
 )
 from api.errors import api_error
-from api.schemas import Deleted, ErrorResponse, FileOut, Page
+from api.limits import upload_limiter
+from api.owned import OwnedFile
+from api.paging import Cursor, Limit, fetch_page, where_given
+from api.schemas import Deleted, FileOut, Page, error_responses
 from api.uploads import (
     PURPOSES,
-    BodyPump,
     FormInvalid,
     ReceivedUpload,
     UploadRejected,
@@ -35,13 +44,17 @@ from api.uploads import (
     receive_upload,
 )
 from models.base import new_id
+from models.quota import StorageUse, storage_use, within_storage_quota
+from models.settings import GiB, MiB, Settings
 from models.tables import ACTIVE_STATUSES, File, Job
-from storage import ObjectNotFound
+from storage import ObjectNotFound, ObjectStore
 from storage.keys import file_key
 
 router = APIRouter(prefix="/files", tags=["files"])
 log = logging.getLogger("humanline.api")
-_ERRORS = {r: {"model": ErrorResponse} for r in (400, 401, 404, 409, 413, 422)}
+_ERRORS = error_responses(400, 401, 404, 409, 413, 422)
+_UPLOAD_ERRORS = {**_ERRORS, **error_responses(408, 429, 503)}
+_CLOSE = {"Connection": "close"}  # an unread body is not worth receiving
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -49,13 +62,6 @@ def _display_name(filename: str | None) -> str:
     """Keep the client's name for display only (keys never use it): base name, no controls."""
     name = _UNSAFE.sub("", os.path.basename((filename or "").replace("\\", "/"))).strip()
     return name[:255] or "upload.jsonl"
-
-
-def _own_file(session, team_id: str, file_id: str) -> File:
-    row = session.get(File, file_id)
-    if row is None or row.team_id != team_id:
-        raise api_error(404, f"no file {file_id!r}", field="file_id")
-    return row
 
 
 _UPLOAD_BODY = {
@@ -87,7 +93,8 @@ _UPLOAD_BODY = {
 
 
 @router.post(
-    "", status_code=201, response_model=FileOut, responses=_ERRORS, openapi_extra=_UPLOAD_BODY
+    "", status_code=201, response_model=FileOut, responses=_UPLOAD_ERRORS,
+    openapi_extra=_UPLOAD_BODY,
 )
 async def upload_file(
     request: Request,
@@ -99,7 +106,26 @@ async def upload_file(
 ):
     """Upload a JSONL file (multipart: `purpose`, then `file`). It is validated line by line
     and written to the object store as it streams in; an invalid file is refused with every
-    bad line (up to 20) and leaves nothing behind."""
+    bad line (up to 20) and leaves nothing behind.
+
+    A team may have UPLOAD_MAX_PER_TEAM uploads in progress at once (more: 429 with
+    Retry-After), the server UPLOAD_MAX_CONCURRENT (more: 503). An upload whose client sends
+    nothing for UPLOAD_IDLE_TIMEOUT_S seconds is answered 408 and leaves nothing behind."""
+    slot = upload_limiter(request.app.state).acquire(team.id, headers=_CLOSE)
+    try:
+        return await _upload(request, team.id, session, settings, store, idem)
+    finally:
+        slot.release()
+
+
+async def _upload(
+    request: Request,
+    team_id: str,
+    session: Session,
+    settings: Settings,
+    store: ObjectStore,
+    idem: Idempotency,
+):
     try:
         boundary = multipart_boundary(request.headers.get("content-type", ""))
     except UploadRejected as rejected:
@@ -110,37 +136,84 @@ async def upload_file(
         raise RequestValidationError(
             form_errors(has_file=False, purpose=purpose if isinstance(purpose, str) else None)
         )
+    # The team's storage quota: a team at its quota is refused before a byte is read, and
+    # no upload may stream past the room left (counted again, exactly, before the commit).
+    quota = int(settings.TEAM_STORAGE_QUOTA_GIB * GiB)
+    used = await run_in_threadpool(storage_use, session, team_id)
+    room = quota - used.total
+    if room <= 0:
+        raise _over_quota(quota, used)
+    max_bytes = min(settings.MAX_UPLOAD_BYTES, room)
     # The upload may take seconds: hold no connection meanwhile (auth opened a transaction).
     await run_in_threadpool(end_transaction, session)
     request.state.db_slot.release()
     file_id = new_id("file")
-    key = file_key(team.id, file_id)
+    key = file_key(team_id, file_id)
     try:
-        async with BodyPump(request.stream()) as pump:
-            received = await run_in_threadpool(
-                receive_upload,
-                pump.chunks(),
-                boundary,
-                store=store,
-                key=key,
-                max_bytes=settings.MAX_UPLOAD_BYTES,
-                max_line_bytes=settings.MAX_LINE_BYTES,
+        async with BodyPump(request.stream(), idle_timeout=settings.UPLOAD_IDLE_TIMEOUT_S) as pump:
+            # Wait for bytes in the event loop: a slow client holds no thread meanwhile.
+            await pump.first_block()
+            # Then a thread of the upload's own (bounded by the slots above), never one of
+            # the request pool's: an upload trickling in cannot starve other requests.
+            received = await anyio.to_thread.run_sync(
+                partial(
+                    receive_upload,
+                    pump.chunks(),
+                    boundary,
+                    store=store,
+                    key=key,
+                    max_bytes=max_bytes,
+                    max_line_bytes=settings.MAX_LINE_BYTES,
+                ),
+                limiter=CapacityLimiter(1),
             )
     except UploadRejected as rejected:
+        if rejected.status == 413 and max_bytes < settings.MAX_UPLOAD_BYTES:
+            raise _over_quota(quota, used, f"more than the {_size(room)} left") from None
         raise _upload_error(rejected) from None
     except FormInvalid as invalid:
         raise RequestValidationError(invalid.errors) from None
     await request.state.db_slot.acquire()
     try:  # the object is stored: from here, any failure must remove it
         return await run_in_threadpool(
-            _register_upload, session, team.id, idem, file_id, key, received
+            _register_upload, session, team_id, idem, file_id, key, received, quota
         )
     except _Replayed as replayed:  # this Idempotency-Key already has its file
         await run_in_threadpool(store.delete, key)
         return replayed.response
+    except _OverQuota as over:  # concurrent uploads filled the room meanwhile
+        await run_in_threadpool(store.delete, key)
+        size = received.valid.bytes
+        before = replace(over.use, files=over.use.files - size)  # without this upload's row
+        raise _over_quota(quota, before, _size(size)) from None
     except BaseException:
         store.delete(key)
         raise
+
+
+def _size(n: int) -> str:
+    if n >= GiB // 10:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n} bytes"
+
+
+def _over_quota(quota: int, use: StorageUse, upload: str | None = None):
+    """413 naming the quota and what fills it; nothing of the upload is kept."""
+    what = f"this upload ({upload}) would take" if upload else "this upload would take"
+    return api_error(
+        413,
+        f"{what} the team's stored bytes past its storage quota of {_size(quota)}: "
+        f"{_size(use.total)} are stored (files {_size(use.files)}, checkpoints "
+        f"{_size(use.checkpoints)}, models {_size(use.models)}); delete files to make room",
+        type="storage_quota_exceeded",
+        field="file",
+        headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
+    )
+
+
+class _OverQuota(Exception):
+    def __init__(self, use: StorageUse):
+        self.use = use
 
 
 class _Replayed(Exception):
@@ -150,11 +223,20 @@ class _Replayed(Exception):
 
 def _upload_error(rejected: UploadRejected):
     field = rejected.field or ("file" if rejected.status == 413 else None)
-    return api_error(rejected.status, rejected.message, field=field, errors=rejected.errors or None)
+    # 408: the client may still send its body; close the connection instead of reading it
+    headers = _CLOSE if rejected.status == 408 else None
+    return api_error(
+        rejected.status, rejected.message, field=field, errors=rejected.errors or None,
+        headers=headers,
+    )
 
 
-def _register_upload(session, team_id: str, idem, file_id: str, key: str, received: ReceivedUpload):
-    """The file's row (or an idempotent replay), once its object is stored under `key`."""
+def _register_upload(
+    session, team_id: str, idem, file_id: str, key: str, received: ReceivedUpload, quota: int
+):
+    """The file's row (or an idempotent replay), once its object is stored under `key`; the
+    storage quota is checked last, after the insert and under the team's lock
+    (models.quota.within_storage_quota), so concurrent uploads never go past it together."""
     valid = received.valid
     filename = _display_name(received.filename)
     req_hash = request_hash(
@@ -172,11 +254,15 @@ def _register_upload(session, team_id: str, idem, file_id: str, key: str, receiv
             sha256=valid.sha256,
             format=valid.format,
             records=valid.records,
+            warnings=list(valid.warnings) or None,
             status="processed",
             object_key=key,
         )
         session.add(row)
         session.flush()
+        within, use = within_storage_quota(session, team_id, quota)
+        if not within:
+            raise _OverQuota(use)
         body = FileOut.of(row).model_dump(mode="json")
         winner = idem.commit(req_hash, 201, body)
     except _Replayed:
@@ -202,42 +288,33 @@ def _register_upload(session, team_id: str, idem, file_id: str, key: str, receiv
 def list_files(
     team: CurrentTeam,
     session: SessionDep,
-    after: Annotated[str | None, Query(max_length=64, description="Cursor: a file id.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    purpose: Literal["train", "eval"] | None = None,
+    after: Cursor = None,
+    limit: Limit = 20,
+    purpose: Literal["train", "eval", "fine-tune"] | None = None,
 ):
     """Newest first."""
-    query = select(File).where(File.team_id == team.id)
-    if purpose is not None:
-        query = query.where(File.purpose == purpose)
-    if after is not None:
-        query = query.where(File.id < after)
-    rows = list(session.execute(query.order_by(File.id.desc()).limit(limit + 1)).scalars())
-    data = [FileOut.of(r) for r in rows[:limit]]
-    return Page[FileOut](
-        data=data,
-        has_more=len(rows) > limit,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-    )
+    query = where_given(select(File).where(File.team_id == team.id), (File.purpose, purpose))
+    return fetch_page(session, query, File.id, after, limit, FileOut)
 
 
 @router.get("/{file_id}", response_model=FileOut, responses=_ERRORS)
-def get_file(file_id: str, team: CurrentTeam, session: SessionDep):
-    return FileOut.of(_own_file(session, team.id, file_id))
+def get_file(file: OwnedFile):
+    return FileOut.of(file)
 
 
 @router.get(
     "/{file_id}/content", responses={200: {"content": {"application/jsonl": {}}}, **_ERRORS}
 )
-def get_file_content(file_id: str, team: CurrentTeam, session: SessionDep, store: StoreDep):
+def get_file_content(row: OwnedFile, store: StoreDep):
     """The uploaded bytes, streamed."""
-    row = _own_file(session, team.id, file_id)
+    file_id = row.id
     try:
         chunks = store.get_stream(row.object_key)
     except ObjectNotFound:
         log.error("file row without its object", extra={"file_id": file_id})
-        raise api_error(404, f"the content of file {file_id} is missing", field="file_id")
+        raise api_error(
+            404, f"the content of file {file_id} is missing", field="file_id"
+        ) from None
     return StreamingResponse(
         chunks,
         media_type="application/jsonl",
@@ -249,9 +326,9 @@ def get_file_content(file_id: str, team: CurrentTeam, session: SessionDep, store
 
 
 @router.delete("/{file_id}", response_model=Deleted, responses=_ERRORS)
-def delete_file(file_id: str, team: CurrentTeam, session: SessionDep, store: StoreDep):
+def delete_file(row: OwnedFile, session: SessionDep, store: StoreDep):
     """Delete a file and its bytes; refused (409) while an active job trains on it."""
-    row = _own_file(session, team.id, file_id)
+    file_id = row.id
     busy = session.execute(
         select(Job.id)
         .where(Job.training_file_id == row.id, Job.status.in_(ACTIVE_STATUSES))

@@ -1,4 +1,5 @@
-"""Liveness, readiness and Prometheus metrics (unauthenticated, outside /v1)."""
+"""Liveness and readiness (unauthenticated, outside /v1); Prometheus metrics where the
+operator puts them (METRICS_PORT, METRICS_ON_API_PORT; api.main)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from sqlalchemy import text
 from api.schemas import Health
 
 router = APIRouter(tags=["health"])
+metrics_router = APIRouter(include_in_schema=False)
 
 
 @router.get("/healthz", response_model=Health)
-def healthz():
-    """The process is up."""
+async def healthz():
+    """The process is up. Answered in the event loop: it waits behind no thread, database
+    connection or upload, so a saturated request pool never fails the liveness probe."""
     return Health()
 
 
@@ -30,8 +33,9 @@ def readyz(request: Request):
     return Health(checks={"database": "ok"})
 
 
-@router.get("/metrics", include_in_schema=False)
+@metrics_router.get("/metrics")
 def metrics(request: Request):
+    """Only with METRICS_ON_API_PORT: the API port is the teams' (see api.main)."""
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
     )

@@ -6,45 +6,52 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
+import anyio
 import orjson
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import Row, bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.concurrency import run_in_threadpool
 
+from api.caps import check_caps, check_max_runtime, check_memory, check_total_steps
 from api.deps import (
     CurrentTeam,
+    Idempotency,
     IdempotencyDep,
-    QueueDep,
     SessionDep,
     SettingsDep,
     StoreDep,
     autocommit_reads,
     end_transaction,
-    enqueue_after_commit,
     request_hash,
 )
+from api.downloads import serve_file
 from api.errors import api_error
-from api.routes.evaluations import check_eval_file, check_judge
+from api.limits import SlotStreamingResponse, StreamSlot, stream_poll_limiter
+from api.owned import OwnedJob, get_owned_job  # noqa: F401 (get_owned_job: re-exported)
+from api.paging import Cursor, Limit, page_of, where_given
+from api.queues import QueueDep, enqueue_after_commit
+from api.routes.evaluations import check_base_model, check_eval_file, check_judge
 from api.schemas import (
     CheckpointOut,
-    ErrorResponse,
     EventOut,
     JobOut,
     JobStatus,
     MetricOut,
     MetricsPage,
     Page,
+    error_responses,
 )
+from contract.spec import INT4_MAX, JobSpec
 from models import jobs as job_states
-from models.tables import TERMINAL_STATUSES, Checkpoint, File, Job, JobEvent, JobMetric
-from trainer.spec.job import JobSpec
+from models.settings import Settings
+from models.tables import TERMINAL_STATUSES, TRAINING_PURPOSES, File, Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-_ERRORS = {r: {"model": ErrorResponse} for r in (400, 401, 404, 409, 422, 429)}
+_ERRORS = error_responses(400, 401, 404, 409, 422, 429)
 _META_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _META_FILTER = re.compile(r"^metadata\[(.+)\]$")
 MAX_META_VALUE = 512
@@ -67,19 +74,6 @@ _JOB_PAGE = (
 def accepted_formats(spec: JobSpec) -> tuple[str, ...]:
     """Training-file formats the job can learn from (decided by the spec)."""
     return spec.training_formats
-
-
-def get_owned_job(
-    job_id: Annotated[str, Path(max_length=64)], team: CurrentTeam, session: SessionDep
-) -> Job:
-    """The team's job, or 404: another team's job is indistinguishable from no job."""
-    job = session.get(Job, job_id)
-    if job is None or job.team_id != team.id:
-        raise api_error(404, f"no job {job_id!r}", field="job_id")
-    return job
-
-
-OwnedJob = Annotated[Job, Depends(get_owned_job)]
 
 
 # --- create ----------------------------------------------------------------------------------
@@ -110,14 +104,15 @@ def _check_reward_models(spec: JobSpec, allowed: tuple[str, ...]) -> None:
         if reward.name == "reward_model" and path not in allowed:
             raise api_error(
                 422,
-                f"reward model {path!r} is not allowed; one of: {', '.join(allowed) or '(none configured)'}",
+                f"reward model {path!r} is not allowed; "
+                f"one of: {', '.join(allowed) or '(none configured)'}",
                 field=f"online.rewards.{i}.options.path",
             )
 
 
-_TRAINING_FILE = select(File.id, File.team_id, File.purpose, File.status, File.format).where(
-    File.id == bindparam("file_id")
-)
+_TRAINING_FILE = select(
+    File.id, File.team_id, File.purpose, File.status, File.format, File.records, File.bytes
+).where(File.id == bindparam("file_id"))
 
 
 def _training_file(session: Session, team_id: str, spec: JobSpec) -> Row:
@@ -125,11 +120,11 @@ def _training_file(session: Session, team_id: str, spec: JobSpec) -> Row:
     row = session.execute(_TRAINING_FILE, {"file_id": spec.training_file}).one_or_none()
     if row is None or row.team_id != team_id:
         raise api_error(404, f"no file {spec.training_file!r}", field="training_file")
-    if row.purpose != "train":
+    if row.purpose not in TRAINING_PURPOSES:
         raise api_error(
             422,
             f"file {row.id} was uploaded with purpose {row.purpose!r}; "
-            "training files need purpose 'train'",
+            "training files need purpose 'train' (or OpenAI's 'fine-tune')",
             field="training_file",
         )
     if row.status != "processed":
@@ -161,41 +156,99 @@ def create_job(
     req_hash = request_hash(spec.model_dump(mode="json", exclude_unset=True)) if idem.key else ""
     if (replayed := idem.replay(req_hash)) is not None:
         return replayed
-    if spec.base_model not in settings.allowed_base_models:
+    job = admit_job(spec, team.id, session, settings)
+    body = JobOut.of(job).model_dump(mode="json")
+    if (winner := idem.commit(req_hash, 201, body)) is not None:
+        return winner
+    enqueue_after_commit(queue, job.id)  # after the commit: the worker must find the row
+    return Response(orjson.dumps(body), status_code=201, media_type="application/json")
+
+
+def _fit_batch(
+    spec: JobSpec, resolved: JobSpec, examples: int, file_id: str
+) -> tuple[JobSpec, str]:
+    """A batch larger than an offline file never trains one silent step: a batch the user
+    set is refused (422, naming both numbers); a default one shrinks to the data, with a
+    warning event. Returns the spec to store and the warning ("" when none)."""
+    per_step = resolved.examples_per_batch
+    if resolved.data_source != "offline" or examples >= per_step:
+        return resolved, ""
+    unit, group = resolved.batch_unit, resolved.group_size
+    if spec.batch_size is not None:  # the user's (null, like unset, means the default)
         raise api_error(
             422,
-            f"unknown base_model {spec.base_model!r}; one of "
-            f"{', '.join(settings.allowed_base_models)}",
-            field="base_model",
+            f"batch_size {resolved.global_batch_size} needs {per_step} training examples per "
+            f"step but file {file_id} has {examples}: lower batch_size (in {unit}) or add data",
+            field="batch_size",
         )
+    unit_step = group * resolved.grad_accum  # a batch must split into whole groups per micro-step
+    fitted = (examples * group) // unit_step * unit_step
+    if fitted < 1:
+        raise api_error(
+            422,
+            f"file {file_id} has {examples} training examples: too few for grad_accum "
+            f"{resolved.grad_accum}",
+            field="training_file",
+        )
+    body = resolved.model_dump(mode="json") | {"batch_size": fitted}
+    message = (
+        f"the default batch of {resolved.global_batch_size} {unit} is larger than the "
+        f"{examples} examples of file {file_id}; training with batch_size {fitted}"
+    )
+    return JobSpec.model_validate(body), message
+
+
+def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings) -> Job:
+    """Check a spec against the operator's settings and the team's files and quota, and add
+    its job row (`queued`, not yet committed). Both job routes (ours and the OpenAI-shaped
+    one) admit jobs here; each commits and enqueues after writing its own response body."""
+    check_base_model(spec.base_model, settings)
+    check_caps(spec, settings)
+    max_runtime = check_max_runtime(spec, settings)
     _check_metadata(spec.metadata, settings.MAX_METADATA_KEYS)
     _check_reward_models(spec, settings.allowed_reward_models)
+    if len(spec.evaluations) > settings.MAX_EVALS_PER_TEAM:  # could never all be queued
+        raise api_error(
+            422, f"at most {settings.MAX_EVALS_PER_TEAM} evaluations per team are queued at once",
+            field="evaluations",
+        )
     for i, ev in enumerate(spec.evaluations):  # checked now, run when the job succeeds
-        check_eval_file(session, team.id, ev, where=f"evaluations.{i}.")
+        check_eval_file(session, team_id, ev, where=f"evaluations.{i}.")
         check_judge(ev, settings, where=f"evaluations.{i}.")
-    training_file = _training_file(session, team.id, spec)
+    training_file = _training_file(session, team_id, spec)
+    # Stored and returned resolved: every default the run will use is a value, never null.
+    # (max_runtime stored too: the worker holds the job to it)
+    resolved = spec.resolved().model_copy(update={"max_runtime": max_runtime})
+    examples = resolved.examples_in(training_file.format, training_file.records or 0)
+    resolved, warning = _fit_batch(spec, resolved, examples, training_file.id)
+    steps = resolved.total_steps(examples)
+    check_total_steps(steps, resolved, settings)
+    unestimated = check_memory(
+        resolved, settings, training_file.bytes or 0, training_file.records or 0
+    )
     job = job_states.create_job(
         session,
-        team_id=team.id,
-        spec=spec.model_dump(mode="json"),
+        team_id=team_id,
+        spec=resolved.model_dump(mode="json"),
         metadata=spec.metadata,
         training_file_id=training_file.id,
+        total_steps=steps,
     )
-    body = JobOut.of(job).model_dump(mode="json")
-    # The quota check comes last: near the limit it locks the team's row until the commit
-    # just below, so concurrent creates of one team wait for two statements, not the route.
+    if warning:
+        job_states.add_event(session, job.id, "warning", warning, {"field": "batch_size"})
+    if unestimated:
+        job_states.add_event(session, job.id, "warning", unestimated, {"field": "base_model"})
+    # The quota check comes last: near the limit it locks the team's row until the caller's
+    # commit, so concurrent creates of one team wait for two statements, not the route.
     limit = settings.MAX_JOBS_PER_TEAM
-    if not job_states.within_quota(session, team.id, limit):
+    if not job_states.within_quota(session, team_id, limit):
         session.rollback()
         raise api_error(
             429,
             f"at most {limit} active jobs per team; wait for one to finish or cancel one",
             headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
         )
-    if (winner := idem.commit(req_hash, 201, body)) is not None:
-        return winner
-    enqueue_after_commit(queue, job.id)  # after the commit: the worker must find the row
-    return Response(orjson.dumps(body), status_code=201, media_type="application/json")
+    return job
 
 
 # --- read --------------------------------------------------------------------------------------
@@ -206,14 +259,12 @@ def list_jobs(
     request: Request,
     team: CurrentTeam,
     session: SessionDep,
-    after: Annotated[str | None, Query(max_length=64, description="Cursor: a job id.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Cursor = None,
+    limit: Limit = 20,
     status: JobStatus | None = None,
 ):
     """Newest first. Filter with `status=` and any number of `metadata[key]=value`."""
-    query = _JOB_PAGE
-    if status is not None:
-        query = query.where(Job.status == status)
+    query = where_given(_JOB_PAGE, (Job.status, status))
     for name, value in request.query_params.multi_items():
         match = _META_FILTER.match(name)
         if match is None:
@@ -229,13 +280,7 @@ def list_jobs(
     autocommit_reads(session)
     rows = session.execute(query, {"team_id": team.id, "limit": limit + 1}).all()
     end_transaction(session)
-    data = [JobOut.of(r) for r in rows[:limit]]
-    page = Page[JobOut](
-        data=data,
-        has_more=len(rows) > limit,
-        first_id=data[0].id if data else None,
-        last_id=data[-1].id if data else None,
-    )
+    page = page_of(rows, limit, JobOut)
     # Serialised here, in this worker thread, by pydantic-core: returning the model would
     # make FastAPI validate the 20 jobs again, in one more thread hop, then encode them.
     return Response(page.model_dump_json(), media_type="application/json")
@@ -250,15 +295,23 @@ def get_job(job: OwnedJob):
 def cancel_job(job: OwnedJob, session: SessionDep, idem: IdempotencyDep):
     """A queued job is cancelled at once; a running one becomes `cancelling` and stops at its
     next step boundary (saving a checkpoint). A finished job cannot be cancelled (409)."""
+    return cancel_with(job, session, idem, lambda j: JobOut.of(j).model_dump(mode="json"))
+
+
+def cancel_with(
+    job: Job, session: Session, idem: Idempotency, render: Callable[[Job], dict[str, Any]],
+    field: str = "job_id",
+) -> Response:
+    """Cancel `job` (idempotently), answering with `render(job)`: both job shapes cancel here."""
     req_hash = request_hash({"cancel": job.id})
     if (replayed := idem.replay(req_hash)) is not None:
         return replayed
     if job_states.request_cancel(session, job.id) is None:
         session.rollback()
         session.refresh(job)
-        raise api_error(409, f"job {job.id} is already {job.status}", field="job_id")
+        raise api_error(409, f"job {job.id} is already {job.status}", field=field)
     session.refresh(job)
-    body = JobOut.of(job).model_dump(mode="json")
+    body = render(job)
     if (winner := idem.commit(req_hash, 200, body)) is not None:
         return winner
     return JSONResponse(body)
@@ -268,37 +321,19 @@ def cancel_job(job: OwnedJob, session: SessionDep, idem: IdempotencyDep):
 def list_events(
     job: OwnedJob,
     session: SessionDep,
-    after: Annotated[int, Query(ge=0, description="Cursor: the last seq seen.")] = 0,
+    after: Annotated[int, Query(ge=0, le=INT4_MAX, description="Cursor: the last seq seen.")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ):
     """Oldest first."""
-    rows = list(
-        session.execute(
-            select(JobEvent)
-            .where(JobEvent.job_id == job.id, JobEvent.seq > after)
-            .order_by(JobEvent.seq)
-            .limit(limit + 1)
-        ).scalars()
-    )
-    data = [EventOut.of(r) for r in rows[:limit]]
-    return Page[EventOut](
-        data=data,
-        has_more=len(rows) > limit,
-        first_id=data[0].seq if data else None,
-        last_id=data[-1].seq if data else None,
-    )
+    rows = job_states.events_after(session, job.id, after, limit + 1)
+    return page_of(rows, limit, EventOut, "seq")
 
 
 def _poll(factory: sessionmaker[Session], job_id: str, after: int) -> tuple[str, list[EventOut]]:
     with factory() as session:
         # Status first: when it is terminal, its event is already committed and read below.
         status = session.execute(select(Job.status).where(Job.id == job_id)).scalar_one()
-        rows = session.execute(
-            select(JobEvent)
-            .where(JobEvent.job_id == job_id, JobEvent.seq > after)
-            .order_by(JobEvent.seq)
-            .limit(SSE_BATCH)
-        ).scalars()
+        rows = job_states.events_after(session, job_id, after, SSE_BATCH)
         return status, [EventOut.of(r) for r in rows]
 
 
@@ -307,21 +342,44 @@ def _sse(event: str, data: Any, id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
+_EVENT_ID = re.compile(r"[0-9]{1,10}")  # ASCII only: str.isdigit() takes "١" and "²"
+
+
+def _last_event_id(header: str | None) -> int:
+    """The seq a reconnecting client last saw (0 when none). Our ids are seqs, so anything
+    else (non-ASCII digits, 5,000 digits, past int4) was not sent by us: 400, never a 500
+    from int() or from the database once the stream has started."""
+    if not header:
+        return 0
+    if _EVENT_ID.fullmatch(header) is None or int(header) > INT4_MAX:
+        raise api_error(
+            400, "Last-Event-ID must be an event id this stream sent (an integer seq)",
+            field="Last-Event-ID",
+        )
+    return int(header)
+
+
 @router.get(
-    "/{job_id}/events/stream", responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS}
+    "/{job_id}/events/stream",
+    responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS, **error_responses(503)},
 )
 async def stream_events(
+    slot: StreamSlot,  # first: over the cap is refused before the job is looked up
     job: OwnedJob,
     request: Request,
     settings: SettingsDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=INT4_MAX)] = 0,
     last_event_id: Annotated[str | None, Header()] = None,
 ):
     """Server-sent events: one `event: <kind>` per job event (its `id` is the seq, so a
-    reconnect with Last-Event-ID resumes), then `event: end` once the job is finished."""
-    if last_event_id and last_event_id.isdigit():
-        after = max(after, int(last_event_id))
+    reconnect with Last-Event-ID resumes), then `event: end` once the job is finished.
+
+    A team may hold STREAMS_PER_TEAM streams open at once (more: 429 with Retry-After), the
+    server STREAMS_TOTAL (more: 503); a stream's slot is free again as soon as its client
+    disconnects."""
+    after = max(after, _last_event_id(last_event_id))
     factory = request.app.state.session_factory
+    polls = stream_poll_limiter(request.app.state)
     job_id = job.id
 
     async def events():
@@ -329,7 +387,9 @@ async def stream_events(
         quiet_since = time.monotonic()
         yield "retry: 3000\n\n"
         while True:
-            status, batch = await run_in_threadpool(_poll, factory, job_id, last)
+            status, batch = await anyio.to_thread.run_sync(
+                _poll, factory, job_id, last, limiter=polls
+            )
             for event in batch:
                 last = event.seq
                 yield _sse(event.kind, event.model_dump(mode="json"), event.seq)
@@ -347,8 +407,9 @@ async def stream_events(
                 yield ": keepalive\n\n"
             await asyncio.sleep(settings.SSE_POLL_SECONDS)
 
-    return StreamingResponse(
+    return SlotStreamingResponse(
         events(),
+        slot=slot,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -366,29 +427,15 @@ def get_metrics(
     page, ask again with from_step = the last step + 1."""
     if to_step is not None and to_step < from_step:
         raise api_error(422, "to_step must not be below from_step", field="to_step")
-    query = select(JobMetric).where(JobMetric.job_id == job.id, JobMetric.step >= from_step)
-    if to_step is not None:
-        query = query.where(JobMetric.step <= to_step)
-    rows = list(session.execute(query.order_by(JobMetric.step).limit(limit + 1)).scalars())
+    rows = job_states.metrics_between(session, job.id, from_step, to_step, limit + 1)
     return MetricsPage(data=[MetricOut.of(r) for r in rows[:limit]], has_more=len(rows) > limit)
 
 
 @router.get("/{job_id}/checkpoints", response_model=Page[CheckpointOut], responses=_ERRORS)
 def list_checkpoints(job: OwnedJob, session: SessionDep):
     """Every saved checkpoint, by step."""
-    rows = session.execute(
-        select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)
-    ).scalars()
-    data = [CheckpointOut.of(r) for r in rows]
-    return Page[CheckpointOut](
-        data=data,
-        has_more=False,
-        first_id=data[0].step if data else None,
-        last_id=data[-1].step if data else None,
-    )
-
-
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+    rows = job_states.checkpoints(session, job.id)
+    return page_of(rows, len(rows), CheckpointOut, "step")
 
 
 @router.get(
@@ -412,34 +459,10 @@ def download_checkpoint_file(
 ):
     """One file of a checkpoint: a redirect to a presigned URL on S3, streamed otherwise.
     Only names that exist under the checkpoint's prefix are served (no path tricks)."""
-    ckpt = session.execute(
-        select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
-    ).scalar_one_or_none()
+    ckpt = job_states.checkpoint_at(session, job.id, step)
     if ckpt is None:
         raise api_error(404, f"job {job.id} has no checkpoint at step {step}", field="step")
-    return _serve_file(store, settings, ckpt.object_prefix, file, f"checkpoint step {step}")
-
-
-def _serve_file(store, settings, prefix: str, file: str, what: str):
-    """A file listed under `prefix`: a redirect to a presigned URL on S3, streamed otherwise.
-    Only names that exist under the prefix are served (no path tricks)."""
-    names = {k.removeprefix(prefix) for k in store.list(prefix)}
-    if file not in names:
-        raise api_error(
-            404,
-            f"{what} has no file {file!r}; it has {', '.join(sorted(names)[:20]) or 'no files'}",
-            field="file",
-        )
-    key = prefix + file
-    url = store.presigned_url(key, expires=settings.PRESIGN_SECONDS)
-    if url:
-        return RedirectResponse(url, status_code=307)
-    download_name = _SAFE_NAME.sub("_", file.rsplit("/", 1)[-1]) or "file"
-    return StreamingResponse(
-        store.get_stream(key),
-        media_type="application/octet-stream",
-        headers={"Content-Disposition": f'attachment; filename="{download_name}"'},
-    )
+    return serve_file(store, settings, ckpt.object_prefix, file, f"checkpoint step {step}")
 
 
 @router.get("/{job_id}/model/download", responses=_ERRORS)
@@ -459,4 +482,4 @@ def download_model_file(
         raise api_error(
             404, f"job {job.id} has no exported model (status {job.status})", field="job_id"
         )
-    return _serve_file(store, settings, final["prefix"], file, "the exported model")
+    return serve_file(store, settings, final["prefix"], file, "the exported model")

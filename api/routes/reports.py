@@ -1,7 +1,7 @@
 """Reports rendered on request from the DB: a job's report and a comparison across jobs.
 
 Rendered here (not by the worker) so a report is current: a running job's curves, and every
-evaluation as it lands. trainer.report is torch-free (numpy + matplotlib, imported on first
+evaluation as it lands. reports is torch-free (numpy + matplotlib, imported on first
 use); a page with a dozen inline SVG plots takes well under a second to draw.
 """
 
@@ -16,14 +16,14 @@ from sqlalchemy.orm import Session
 
 from api.deps import CurrentTeam, SessionDep
 from api.errors import api_error
+from api.owned import OwnedJob
 from api.routes.evaluations import REPORT_HEADERS
-from api.routes.jobs import OwnedJob
-from api.schemas import ErrorResponse, JobOut
+from api.schemas import JobOut, error_responses
 from api.schemas_eval import eval_summary
 from models.tables import Evaluation, File, Job, JobEvent, JobMetric
 
 router = APIRouter(tags=["reports"])
-_ERRORS = {r: {"model": ErrorResponse} for r in (400, 401, 404, 422)}
+_ERRORS = error_responses(400, 401, 404, 422)
 MAX_COMPARE = 50
 MAX_METRIC_ROWS = 100_000
 
@@ -61,6 +61,29 @@ def _data_quality(session: Session, job: Job) -> dict[str, Any] | None:
     return (job.result or {}).get("data_quality")
 
 
+def _metrics(session: Session, job_id: str) -> list[dict[str, Any]]:
+    return [
+        {"step": m.step, **m.values}
+        for m in session.execute(
+            select(JobMetric)
+            .where(JobMetric.job_id == job_id)
+            .order_by(JobMetric.step)
+            .limit(MAX_METRIC_ROWS)
+        ).scalars()
+    ]
+
+
+def _started(session: Session, job_id: str) -> dict[str, Any]:
+    """The newest `started` event's data (world size, device): GPU-hours in a comparison."""
+    event = session.execute(
+        select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.kind == "started")
+        .order_by(JobEvent.seq.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    return dict(event.data or {}) if event is not None else {}
+
+
 def _render(doc: dict[str, Any], fmt: str, render) -> Any:
     if fmt == "json":
         return JSONResponse(doc)
@@ -80,17 +103,9 @@ def job_report(
     """The job's report: training curves (loss, rewards, margins, clamp fraction, KL, grad
     norm, lr), the data-quality histogram, its evaluations, and the manifest (spec, training
     data sha256, code version, seed, wall-clock per phase)."""
-    from trainer.report import build_job_report, render_job_html
+    from reports import build_job_report, render_job_html
 
-    metrics = [
-        {"step": m.step, **m.values}
-        for m in session.execute(
-            select(JobMetric)
-            .where(JobMetric.job_id == job.id)
-            .order_by(JobMetric.step)
-            .limit(MAX_METRIC_ROWS)
-        ).scalars()
-    ]
+    metrics = _metrics(session, job.id)
     events = [
         {"kind": e.kind, "message": e.message, "data": e.data, "time": e.created_at}
         for e in session.execute(
@@ -149,7 +164,7 @@ def compare_jobs(
     (offline, offline+humanline, online, online+humanline) of each job's newest succeeded
     evaluation reporting `metric` (± 1 SE), with z-tests of offline+humanline vs offline and
     online vs offline+humanline (Holm-Bonferroni)."""
-    from trainer.report import METRICS, build_comparison, render_comparison_html
+    from reports import METRICS, build_comparison, render_comparison_html
 
     if metric not in METRICS:
         raise api_error(
@@ -170,6 +185,15 @@ def compare_jobs(
     if missing:
         raise api_error(404, f"no job {missing[0]!r}", field="jobs")
     evals = _evaluations(session, team.id, ids)
-    entries = [{"job": _job_dict(rows[i]), "evaluations": evals[i]} for i in ids]
+    entries = [
+        {
+            "job": _job_dict(rows[i]),
+            "evaluations": evals[i],
+            "spec": rows[i].spec,
+            "metrics": _metrics(session, i),
+            "started": _started(session, i),
+        }
+        for i in ids
+    ]
     doc = build_comparison(entries, metric=metric, file_id=file_id)
     return _render(doc, format, render_comparison_html)
