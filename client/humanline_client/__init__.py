@@ -14,7 +14,6 @@ The command-line tool is `humanline` (pip install 'humanline-client[cli]'); the 
 own admin/serve commands are `humanline-server`, shipped with the service, not here.
 """
 
-from ._base_client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, NOT_GIVEN
 from ._client import AsyncClient, Client
 from ._exceptions import (
     APIConnectionError,
@@ -34,6 +33,7 @@ from ._exceptions import (
     RequestTooLargeError,
     UnprocessableEntityError,
 )
+from ._retries import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, NOT_GIVEN
 from ._streaming import AsyncJobEventStream, JobEventStream
 from ._version import __version__
 from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator

@@ -1,35 +1,33 @@
-"""HTTP plumbing shared by `Client` and `AsyncClient`: request building, retries, error
-mapping, JSON parsing, downloads.
-
-Retries (DESIGN.md §7, openai-python's rules, adapted to this API):
-
-- connection errors and timeouts, 408, 429 and 5xx (but 501) are retried with exponential
-  backoff (0.5 s, 1 s, 2 s ... capped at 8 s, minus up to 25 % jitter), or after the server's
-  `Retry-After` / `retry-after-ms` when it gives one of at most 60 s;
-- 409 is retried only when the server sends `Retry-After`: this API's 409s (cancel a finished
-  job, delete a file in use, an Idempotency-Key reused with another body) are final answers,
-  and repeating them cannot change the outcome;
-- an `x-should-retry: true|false` header overrides all of the above;
-- every POST carries an `Idempotency-Key`, generated once per call and reused by each of its
-  retries, so a create whose response was lost is replayed by the server, not duplicated.
-  That is what makes retrying POSTs after a timeout or a dropped connection safe.
+"""HTTP plumbing shared by `Client` and `AsyncClient`: configuration, request building,
+error mapping, JSON parsing, and the steps of a request with retries (see _retries) and of a
+download, performed by SyncAPIClient or AsyncAPIClient (see _steps).
 """
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import os
 import random
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Generic,
+    Optional,
+    TypeVar,
+    Union,
+    cast,
+    get_type_hints,
+)
 
 import anyio
 import httpx
+from typing_extensions import Self
 
 from ._exceptions import (
     APIConnectionError,
@@ -37,104 +35,61 @@ from ._exceptions import (
     HumanlineError,
     make_status_error,
 )
+from ._resource import APIResource
+from ._retries import (
+    _RETRYABLE_TRANSPORT,
+    DEFAULT_BASE_URL,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    INITIAL_RETRY_DELAY,
+    MAX_RETRY_AFTER,
+    MAX_RETRY_DELAY,
+    NOT_GIVEN,
+    RequestOptions,
+    TimeoutTypes,
+    _retry_after,
+    new_idempotency_key,
+    should_retry,
+)
+from ._steps import Close, Emit, Machine, Read, Save, Send, Sleep, Steps
 from ._version import __version__
 
 log = logging.getLogger("humanline_client")
 
 M = TypeVar("M")
-
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
-DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
-DEFAULT_MAX_RETRIES = 2
-INITIAL_RETRY_DELAY = 0.5
-MAX_RETRY_DELAY = 8.0
-MAX_RETRY_AFTER = 60.0
-
-TimeoutTypes = Union[float, httpx.Timeout, None]
+R = TypeVar("R")
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+PathLike = Union[str, "os.PathLike[str]"]
 
 
-class _NotGiven:
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "NOT_GIVEN"
-
-
-NOT_GIVEN: Any = _NotGiven()
-
-_RETRYABLE_TRANSPORT = (httpx.NetworkError, httpx.RemoteProtocolError)
-
-
-@dataclass
-class RequestOptions:
-    method: str
-    path: str
-    params: Optional[Mapping[str, Any]] = None
-    json: Any = None
-    data: Optional[Mapping[str, Any]] = None
-    # Multipart files are rebuilt for each attempt (a file object is consumed by a send).
-    files: Optional[Callable[[], Mapping[str, Any]]] = None
-    headers: dict[str, str] = field(default_factory=dict)
-    idempotency_key: Optional[str] = None
-    timeout: Any = NOT_GIVEN
-    max_retries: Optional[int] = None
-    stream: bool = False
-
-
-def new_idempotency_key() -> str:
-    return f"hl-{uuid.uuid4().hex}"
-
-
-def _retry_after(headers: httpx.Headers) -> Optional[float]:
-    """Seconds the server asks us to wait (retry-after-ms, or Retry-After seconds or date)."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return float(raw_ms) / 1000
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        pass
-    parsed = email.utils.parsedate_tz(raw)
-    if parsed is None:
-        return None
-    return email.utils.mktime_tz(parsed) - time.time()
-
-
-def should_retry(response: httpx.Response) -> bool:
-    override = response.headers.get("x-should-retry", "").lower()
-    if override == "true":
-        return True
-    if override == "false":
-        return False
-    code = response.status_code
-    if code == 409:
-        return "retry-after" in response.headers or "retry-after-ms" in response.headers
-    if code in (408, 429):
-        return True
-    return code >= 500 and code != 501
-
-
-class BaseClient:
-    """Configuration and the pieces of a call that do not depend on sync/async."""
+class BaseClient(Generic[H]):
+    """Configuration, the resource namespaces, and every step of a call (requests with
+    retries, downloads): what does not depend on sync/async. Subclasses only perform the
+    steps (`_run`) with their HTTP pool `H`."""
 
     initial_retry_delay: float = INITIAL_RETRY_DELAY
     max_retry_delay: float = MAX_RETRY_DELAY
+    # (attribute, resource class) pairs: `client.files = Files(client)`, ...: a subclass's
+    # annotations whose type is an API resource (__init_subclass__)
+    _resources: ClassVar[tuple[tuple[str, Callable[[Any], Any]], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._resources = tuple(
+            (name, hint)
+            for name, hint in get_type_hints(cls).items()
+            if isinstance(hint, type) and issubclass(hint, APIResource)
+        )
 
     def __init__(
         self,
         *,
-        base_url: Optional[str],
-        api_key: Optional[str],
-        timeout: TimeoutTypes,
-        max_retries: int,
-        default_headers: Optional[Mapping[str, str]],
+        base_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: TimeoutTypes = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        default_headers: Optional[Mapping[str, str]] = None,
+        http_client: Optional[H] = None,
     ) -> None:
         base_url = base_url or os.environ.get("HUMANLINE_BASE_URL") or DEFAULT_BASE_URL
         api_key = api_key or os.environ.get("HUMANLINE_API_KEY")
@@ -156,6 +111,31 @@ class BaseClient:
         )
         self.max_retries = max_retries
         self.default_headers: dict[str, str] = dict(default_headers or {})
+        self._owns_http = http_client is None
+        self._http: H = http_client if http_client is not None else self._new_http()
+        for name, resource in self._resources:
+            setattr(self, name, resource(self))
+
+    def _new_http(self) -> H:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def with_options(
+        self,
+        *,
+        timeout: Any = NOT_GIVEN,
+        max_retries: Optional[int] = None,
+        default_headers: Optional[Mapping[str, str]] = None,
+    ) -> Self:
+        """A copy with other settings that shares this client's connection pool:
+        `client.with_options(timeout=600).jobs.wait(job.id)`."""
+        return type(self)(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout if timeout is NOT_GIVEN else timeout,
+            max_retries=self.max_retries if max_retries is None else max_retries,
+            default_headers={**self.default_headers, **(default_headers or {})},
+            http_client=self._http,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self.base_url!r})"
@@ -177,17 +157,12 @@ class BaseClient:
             headers["Idempotency-Key"] = idempotency_key
         return headers
 
-    def _build_request(
-        self,
-        http: Union[httpx.Client, httpx.AsyncClient],
-        opts: RequestOptions,
-        idem: Optional[str],
-    ) -> httpx.Request:
+    def _build_request(self, opts: RequestOptions, idem: Optional[str]) -> httpx.Request:
         timeout = self.timeout if opts.timeout is NOT_GIVEN else opts.timeout
         if isinstance(timeout, (int, float)):
             timeout = httpx.Timeout(timeout)
         params = {k: v for k, v in (opts.params or {}).items() if v is not None}
-        return http.build_request(
+        return self._http.build_request(
             opts.method,
             self.base_url + opts.path,
             params=params,
@@ -244,42 +219,98 @@ class BaseClient:
 
     @staticmethod
     def _parse(response: httpx.Response, cast_to: type[M]) -> M:
-        obj = cast_to.model_validate(response.json())  # type: ignore[attr-defined]
-        obj._request_id = response.headers.get("x-request-id")  # type: ignore[attr-defined]
-        return obj
+        obj: Any = cast_to.model_validate(response.json())  # type: ignore[attr-defined]
+        obj._request_id = response.headers.get("x-request-id")
+        return cast(M, obj)
+
+    # --- the steps of a call (performed by SyncAPIClient._run / AsyncAPIClient._run) ------
+
+    def _request_steps(self, opts: RequestOptions) -> Steps[httpx.Response]:
+        """Send with retries; returns a response with status < 400 or raises. With
+        opts.stream the body is not read yet: close the response when done."""
+        idem = self._idempotency_key(opts)
+        max_retries = self._max_retries(opts)
+        retries_taken = 0
+        while True:
+            request = self._build_request(opts, idem)
+            left = max_retries - retries_taken
+            try:
+                response: httpx.Response = yield Send(request, opts.stream)
+            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
+                if left <= 0:
+                    raise self._transport_error(exc, request) from exc
+                delay = self._retry_delay(retries_taken, None)
+                self._log_retry(request, type(exc).__name__, delay, left - 1)
+            except httpx.HTTPError as exc:  # unsupported protocol, proxy errors: not transient
+                raise self._transport_error(exc, request) from exc
+            else:
+                if response.status_code < 400:
+                    return response
+                if left <= 0 or not should_retry(response):
+                    if opts.stream:
+                        yield Read(response)
+                    raise make_status_error(response)
+                delay = self._retry_delay(retries_taken, response)
+                yield Close(response)
+                self._log_retry(request, str(response.status_code), delay, left - 1)
+            yield Sleep(delay)
+            retries_taken += 1
+
+    def _call_steps(self, cast_to: type[M], opts: RequestOptions) -> Steps[M]:
+        return self._parse((yield from self._request_steps(opts)), cast_to)
+
+    def _download_steps(
+        self, opts: RequestOptions, to: Optional[PathLike]
+    ) -> Steps[Union[bytes, Path]]:
+        """GET a body: bytes in memory, or streamed to `to` (via `to.part`, renamed when
+        complete) and its Path returned. A 3xx is followed without our headers (a presigned
+        object-store URL must not see the API key). A body cut off midway is fetched again
+        while retries remain."""
+        max_retries = self._max_retries(opts)
+        retries_taken = 0
+        while True:
+            attempt = replace(opts, stream=True, max_retries=max_retries - retries_taken)
+            response = yield from self._request_steps(attempt)
+            try:
+                if response.is_redirect:
+                    location = response.headers["location"]
+                    yield Close(response)
+                    redirect = self._http.build_request("GET", response.url.join(location))
+                    response = yield Send(redirect, True)
+                    if response.status_code >= 400:
+                        yield Read(response)
+                        raise make_status_error(response)
+                if to is None:
+                    body: bytes = yield Read(response)
+                    return body
+                dest = Path(to)
+                yield Save(response, _part_path(dest))
+                os.replace(_part_path(dest), dest)
+                return dest
+            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
+                if to is not None:
+                    _part_path(Path(to)).unlink(missing_ok=True)
+                if retries_taken >= max_retries:
+                    raise self._transport_error(exc, response.request) from exc
+            yield Close(response)
+            retries_taken += 1
+            yield Sleep(self._retry_delay(retries_taken - 1, None))
 
 
 def _part_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-class SyncAPIClient(BaseClient):
-    def __init__(
-        self,
-        *,
-        base_url: Optional[str] = None,
-        api_key: Optional[str] = None,
-        timeout: TimeoutTypes = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        default_headers: Optional[Mapping[str, str]] = None,
-        http_client: Optional[httpx.Client] = None,
-    ) -> None:
-        super().__init__(
-            base_url=base_url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            default_headers=default_headers,
-        )
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=self.timeout, follow_redirects=False)
+class SyncAPIClient(BaseClient[httpx.Client]):
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client(timeout=self.timeout, follow_redirects=False)
 
     def close(self) -> None:
         """Close the connection pool (not a pool passed in as http_client)."""
         if self._owns_http:
             self._http.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -288,113 +319,51 @@ class SyncAPIClient(BaseClient):
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def _drive(self, machine: Machine) -> Iterator[Any]:
+        """Perform a call's steps, blocking; yields what the steps emit (stream events)."""
+        try:
+            for action in machine:
+                if isinstance(action, Emit):
+                    yield action.value
+                    continue
+                try:
+                    machine.done(action.sync(self))
+                except Exception as exc:  # noqa: BLE001 - thrown into the steps
+                    machine.failed(exc)
+        finally:
+            for response in machine.leftovers():
+                response.close()
+
+    def _run(self, steps: Steps[R]) -> R:
+        machine = Machine(steps)
+        for value in self._drive(machine):
+            raise TypeError(f"a call emitted {value!r}")  # pragma: no cover - a bug
+        return machine.result  # type: ignore[no-any-return]
+
     def request(self, opts: RequestOptions) -> httpx.Response:
         """Send with retries; returns a response with status < 400 or raises. With
         opts.stream the body is not read yet: close the response when done."""
-        idem = self._idempotency_key(opts)
-        max_retries = self._max_retries(opts)
-        retries_taken = 0
-        while True:
-            request = self._build_request(self._http, opts, idem)
-            left = max_retries - retries_taken
-            try:
-                response = self._http.send(request, stream=opts.stream, follow_redirects=False)
-            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
-                if left > 0:
-                    delay = self._retry_delay(retries_taken, None)
-                    self._log_retry(request, type(exc).__name__, delay, left - 1)
-                    self._sleep(delay)
-                    retries_taken += 1
-                    continue
-                raise self._transport_error(exc, request) from exc
-            except httpx.HTTPError as exc:  # unsupported protocol, proxy errors: not transient
-                raise self._transport_error(exc, request) from exc
-            if response.status_code < 400:
-                return response
-            if left > 0 and should_retry(response):
-                delay = self._retry_delay(retries_taken, response)
-                response.close()
-                self._log_retry(request, str(response.status_code), delay, left - 1)
-                self._sleep(delay)
-                retries_taken += 1
-                continue
-            if opts.stream:
-                response.read()
-                response.close()
-            raise make_status_error(response)
+        return self._run(self._request_steps(opts))
 
     def _call(self, cast_to: type[M], opts: RequestOptions) -> M:
-        return self._parse(self.request(opts), cast_to)
+        return self._run(self._call_steps(cast_to, opts))
 
     def _get(self, path: str, cast_to: type[M], *, params: Optional[Mapping[str, Any]] = None) -> M:
         return self._call(cast_to, RequestOptions("GET", path, params=params))
 
-    def _download(self, opts: RequestOptions, to: Union[str, os.PathLike[str], None]):
-        """GET a body: bytes in memory, or streamed to `to` (via `to.part`, renamed when
-        complete) and its Path returned. A 3xx is followed without our headers (a presigned
-        object-store URL must not see the API key). A body cut off midway is fetched again
-        while retries remain."""
-        max_retries = self._max_retries(opts)
-        retries_taken = 0
-        while True:
-            response = self.request(
-                replace(opts, stream=True, max_retries=max_retries - retries_taken)
-            )
-            try:
-                if response.is_redirect:
-                    location = response.headers["location"]
-                    response.close()
-                    redirect = self._http.build_request("GET", response.url.join(location))
-                    response = self._http.send(redirect, stream=True)
-                    if response.status_code >= 400:
-                        response.read()
-                        raise make_status_error(response)
-                if to is None:
-                    return response.read()
-                dest = Path(to)
-                part = _part_path(dest)
-                with open(part, "wb") as fh:
-                    fh.writelines(response.iter_bytes())
-                os.replace(part, dest)
-                return dest
-            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
-                if to is not None:
-                    _part_path(Path(to)).unlink(missing_ok=True)
-                if retries_taken < max_retries:
-                    retries_taken += 1
-                    self._sleep(self._retry_delay(retries_taken - 1, None))
-                    continue
-                raise self._transport_error(exc, response.request) from exc
-            finally:
-                response.close()
+    def _download(self, opts: RequestOptions, to: Optional[PathLike]) -> Any:
+        return self._run(self._download_steps(opts, to))
 
 
-class AsyncAPIClient(BaseClient):
-    def __init__(
-        self,
-        *,
-        base_url: Optional[str] = None,
-        api_key: Optional[str] = None,
-        timeout: TimeoutTypes = DEFAULT_TIMEOUT,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        default_headers: Optional[Mapping[str, str]] = None,
-        http_client: Optional[httpx.AsyncClient] = None,
-    ) -> None:
-        super().__init__(
-            base_url=base_url,
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=max_retries,
-            default_headers=default_headers,
-        )
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, follow_redirects=False)
+class AsyncAPIClient(BaseClient[httpx.AsyncClient]):
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self.timeout, follow_redirects=False)
 
     async def close(self) -> None:
         if self._owns_http:
             await self._http.aclose()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -403,81 +372,42 @@ class AsyncAPIClient(BaseClient):
     async def _sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
 
+    async def _drive(self, machine: Machine) -> AsyncIterator[Any]:
+        """Perform a call's steps, awaiting each; yields what the steps emit."""
+        try:
+            for action in machine:
+                if isinstance(action, Emit):
+                    yield action.value
+                else:
+                    outcome = await _outcome(action.aio(self))
+                    machine.settle(outcome)
+        finally:
+            for response in machine.leftovers():
+                await response.aclose()
+
+    async def _run(self, steps: Steps[R]) -> R:
+        machine = Machine(steps)
+        async for value in self._drive(machine):
+            raise TypeError(f"a call emitted {value!r}")  # pragma: no cover - a bug
+        return machine.result  # type: ignore[no-any-return]
+
     async def request(self, opts: RequestOptions) -> httpx.Response:
-        idem = self._idempotency_key(opts)
-        max_retries = self._max_retries(opts)
-        retries_taken = 0
-        while True:
-            request = self._build_request(self._http, opts, idem)
-            left = max_retries - retries_taken
-            try:
-                response = await self._http.send(
-                    request, stream=opts.stream, follow_redirects=False
-                )
-            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
-                if left > 0:
-                    delay = self._retry_delay(retries_taken, None)
-                    self._log_retry(request, type(exc).__name__, delay, left - 1)
-                    await self._sleep(delay)
-                    retries_taken += 1
-                    continue
-                raise self._transport_error(exc, request) from exc
-            except httpx.HTTPError as exc:
-                raise self._transport_error(exc, request) from exc
-            if response.status_code < 400:
-                return response
-            if left > 0 and should_retry(response):
-                delay = self._retry_delay(retries_taken, response)
-                await response.aclose()
-                self._log_retry(request, str(response.status_code), delay, left - 1)
-                await self._sleep(delay)
-                retries_taken += 1
-                continue
-            if opts.stream:
-                await response.aread()
-                await response.aclose()
-            raise make_status_error(response)
+        return await self._run(self._request_steps(opts))
 
     async def _call(self, cast_to: type[M], opts: RequestOptions) -> M:
-        return self._parse(await self.request(opts), cast_to)
+        return await self._run(self._call_steps(cast_to, opts))
 
     async def _get(
         self, path: str, cast_to: type[M], *, params: Optional[Mapping[str, Any]] = None
     ) -> M:
         return await self._call(cast_to, RequestOptions("GET", path, params=params))
 
-    async def _download(self, opts: RequestOptions, to: Union[str, os.PathLike[str], None]):
-        max_retries = self._max_retries(opts)
-        retries_taken = 0
-        while True:
-            response = await self.request(
-                replace(opts, stream=True, max_retries=max_retries - retries_taken)
-            )
-            try:
-                if response.is_redirect:
-                    location = response.headers["location"]
-                    await response.aclose()
-                    redirect = self._http.build_request("GET", response.url.join(location))
-                    response = await self._http.send(redirect, stream=True)
-                    if response.status_code >= 400:
-                        await response.aread()
-                        raise make_status_error(response)
-                if to is None:
-                    return await response.aread()
-                dest = Path(to)
-                part = _part_path(dest)
-                async with await anyio.open_file(part, "wb") as fh:
-                    async for chunk in response.aiter_bytes():
-                        await fh.write(chunk)
-                os.replace(part, dest)
-                return dest
-            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
-                if to is not None:
-                    _part_path(Path(to)).unlink(missing_ok=True)
-                if retries_taken < max_retries:
-                    retries_taken += 1
-                    await self._sleep(self._retry_delay(retries_taken - 1, None))
-                    continue
-                raise self._transport_error(exc, response.request) from exc
-            finally:
-                await response.aclose()
+    async def _download(self, opts: RequestOptions, to: Optional[PathLike]) -> Any:
+        return await self._run(self._download_steps(opts, to))
+
+
+async def _outcome(awaitable: Awaitable[Any]) -> tuple[Any, Optional[Exception]]:
+    try:
+        return await awaitable, None
+    except Exception as exc:  # noqa: BLE001 - thrown into the steps
+        return None, exc

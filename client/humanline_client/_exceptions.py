@@ -24,7 +24,7 @@ service logs.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import httpx
 
@@ -157,27 +157,23 @@ class InternalServerError(APIStatusError):
 class APIConnectionError(APIError):
     """No HTTP response: connection refused or reset, DNS failure, protocol error."""
 
+    default_message: ClassVar[str] = "connection error"
+
     def __init__(
         self,
-        message: str = "connection error",
+        message: Optional[str] = None,
         *,
         request: Optional[httpx.Request] = None,
         request_id: Optional[str] = None,
     ) -> None:
+        message = self.default_message if message is None else message
         super().__init__(message, request=request, request_id=request_id)
 
 
 class APITimeoutError(APIConnectionError):
     """The request timed out (connect, read, write or pool timeout)."""
 
-    def __init__(
-        self,
-        message: str = "request timed out",
-        *,
-        request: Optional[httpx.Request] = None,
-        request_id: Optional[str] = None,
-    ) -> None:
-        super().__init__(message, request=request, request_id=request_id)
+    default_message: ClassVar[str] = "request timed out"
 
 
 class JobWaitTimeout(HumanlineError, TimeoutError):
@@ -240,7 +236,7 @@ def make_status_error(response: httpx.Response) -> APIStatusError:
         kind = field = errors = request_id = None
     request_id = request_id or response.headers.get("x-request-id")
     cls = status_error_class(response.status_code)
-    return cls(
+    exc: APIStatusError = cls(
         message,
         response=response,
         body=body,
@@ -249,3 +245,4 @@ def make_status_error(response: httpx.Response) -> APIStatusError:
         field=field,
         errors=errors if isinstance(errors, list) else None,
     )
+    return exc

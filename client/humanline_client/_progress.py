@@ -1,10 +1,13 @@
-"""The progress bar of `jobs.wait` (steps, loss, ETA): rich if installed, else tqdm, else a
-plain line every few seconds. Shown by default only when stderr is a terminal."""
+"""The progress display of `jobs.wait` (steps, loss, ETA, and the phase a job is in before
+its first step: loading the model, scoring data quality). On a terminal a bar: rich if
+installed, else tqdm, else plain lines. Elsewhere (CI logs, `nohup`, a pipe) plain log lines,
+at most one every LOG_EVERY seconds, and only when asked for (`progress=True`)."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import IO, Any, Optional
 
 
@@ -21,6 +24,30 @@ def _fmt_eta(seconds: Optional[float]) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+LOG_EVERY = 10.0  # seconds between plain log lines when not on a terminal
+
+
+@dataclass(frozen=True)
+class ProgressState:
+    """What a display shows: the step of `total`, the last loss, the job's status, the
+    phase it is in (loading_model, scoring_data, training...) and the server's ETA."""
+
+    step: int = 0
+    total: Optional[int] = None
+    loss: Optional[float] = None
+    status: str = "queued"
+    phase: Optional[str] = None
+    eta: Optional[float] = None
+
+    @property
+    def description(self) -> str:
+        """`running (loading model)`: what a job does before its first step."""
+        phase = self.phase
+        if phase and phase != "training":
+            return f"{self.status} ({phase.replace('_', ' ')})"
+        return self.status
+
+
 class ProgressDisplay:
     """What `wait` drives; `update` may be called from a background thread."""
 
@@ -28,9 +55,7 @@ class ProgressDisplay:
         self.job_id = job_id
         self.file = file
 
-    def update(
-        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
-    ) -> None:  # pragma: no cover - interface
+    def update(self, state: ProgressState) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
     def note(self, text: str) -> None:
@@ -48,26 +73,25 @@ class PlainProgress(ProgressDisplay):
         self.every = every
         self._last_print = 0.0
         self._last_line = ""
-        self._first: Optional[tuple] = None  # (time, step) of the first step seen
+        self._first: Optional[tuple[float, int]] = None  # (time, step) of the first step seen
         self._pending = ""
 
-    def line(self, step: int, total: Optional[int], loss: Optional[float], status: str) -> str:
+    def line(self, state: ProgressState) -> str:
+        step, total, eta = state.step, state.total, state.eta
         now = time.monotonic()
         if self._first is None and step > 0:
             self._first = (now, step)
-        eta = None
-        if self._first is not None and total and step > self._first[1]:
+        if eta is None and self._first is not None and total and step > self._first[1]:
             rate = (step - self._first[1]) / (now - self._first[0])
             eta = (total - step) / rate if rate > 0 else None
         of = f"/{total}" if total else ""
         return (
-            f"{self.job_id} {status}: step {step}{of}, loss {_fmt_loss(loss)}, ETA {_fmt_eta(eta)}"
+            f"{self.job_id} {state.description}: step {step}{of}, "
+            f"loss {_fmt_loss(state.loss)}, ETA {_fmt_eta(eta)}"
         )
 
-    def update(
-        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
-    ) -> None:
-        text = self.line(step, total, loss, status)
+    def update(self, state: ProgressState) -> None:
+        text = self.line(state)
         now = time.monotonic()
         if text != self._last_line and (
             now - self._last_print >= self.every or not self._last_line
@@ -107,15 +131,13 @@ class RichProgress(ProgressDisplay):
         self._task = self._progress.add_task(f"{job_id} queued", total=None, loss="-")
         self._progress.start()
 
-    def update(
-        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
-    ) -> None:
+    def update(self, state: ProgressState) -> None:
         self._progress.update(
             self._task,
-            completed=step,
-            total=total,
-            loss=_fmt_loss(loss),
-            description=f"{self.job_id} {status}",
+            completed=state.step,
+            total=state.total,
+            loss=_fmt_loss(state.loss),
+            description=f"{self.job_id} {state.description}",
         )
 
     def note(self, text: str) -> None:
@@ -128,18 +150,18 @@ class RichProgress(ProgressDisplay):
 class TqdmProgress(ProgressDisplay):
     def __init__(self, job_id: str, file: IO[str]) -> None:
         super().__init__(job_id, file)
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]
 
         self._tqdm = tqdm
         self._bar = tqdm(total=None, desc=job_id, unit="step", file=file, dynamic_ncols=True)
 
-    def update(
-        self, *, step: int, total: Optional[int], loss: Optional[float], status: str
-    ) -> None:
-        if total and self._bar.total != total:
-            self._bar.total = total
-        self._bar.n = step
-        self._bar.set_postfix_str(f"{status}, loss {_fmt_loss(loss)}", refresh=False)
+    def update(self, state: ProgressState) -> None:
+        if state.total and self._bar.total != state.total:
+            self._bar.total = state.total
+        self._bar.n = state.step
+        self._bar.set_postfix_str(
+            f"{state.description}, loss {_fmt_loss(state.loss)}", refresh=False
+        )
         self._bar.refresh()
 
     def note(self, text: str) -> None:
@@ -156,18 +178,21 @@ def make_progress(
     file: Optional[IO[str]] = None,
     kind: Optional[str] = None,
 ) -> Optional[ProgressDisplay]:
-    """None when disabled; `enabled=None` means "when `file` (stderr) is a terminal".
-    `kind` forces "rich", "tqdm" or "plain"."""
+    """None when disabled. `enabled=None`: a bar when `file` (stderr) is a terminal, else
+    nothing; `enabled=True`: a bar on a terminal, else plain log lines (one every LOG_EVERY
+    seconds at most). `kind` forces "rich", "tqdm" or "plain"."""
     out: Any = file if file is not None else sys.stderr
+    try:
+        terminal = bool(out.isatty())
+    except (AttributeError, ValueError):
+        terminal = False
     if enabled is None:
-        try:
-            enabled = bool(out.isatty())
-        except (AttributeError, ValueError):
-            enabled = False
+        enabled = terminal
     if not enabled:
         return None
-    kinds = [kind] if kind else ["rich", "tqdm", "plain"]
-    for name in kinds:
+    if kind is None and not terminal:
+        return PlainProgress(job_id, out, every=LOG_EVERY)
+    for name in [kind] if kind else ["rich", "tqdm"]:
         try:
             if name == "rich":
                 return RichProgress(job_id, out)
@@ -175,6 +200,4 @@ def make_progress(
                 return TqdmProgress(job_id, out)
         except ImportError:
             continue
-        if name == "plain":
-            return PlainProgress(job_id, out)
     return PlainProgress(job_id, out)

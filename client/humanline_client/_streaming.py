@@ -14,15 +14,17 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 import httpx
 from pydantic import ValidationError
 from typing_extensions import Self
 
-from ._base_client import _RETRYABLE_TRANSPORT, RequestOptions
 from ._exceptions import APIConnectionError, JobWaitTimeout
+from ._retries import _RETRYABLE_TRANSPORT, RequestOptions
 from ._sse import SSEDecoder
+from ._steps import Close, Emit, Lines, Machine, NextLine, Sleep, Steps
 from .types import JobEvent
 
 if TYPE_CHECKING:
@@ -34,28 +36,26 @@ DEFAULT_MAX_RECONNECTS = 10
 HEALTHY_SECONDS = 5.0  # a connection that lasted this long was not a failure
 
 
+@dataclass
 class _StreamState:
-    def __init__(
-        self,
-        client: Any,
-        job_id: str,
-        path: str,
-        after: int,
-        max_reconnects: int,
-        deadline: Optional[float],
-    ) -> None:
-        self.client = client
-        self.job_id = job_id
-        self.path = path
-        self.after = after
-        self.last_seq = after
-        self.max_reconnects = max_reconnects
-        self.deadline = deadline
-        self.failures = 0
-        self.retry_hint: Optional[float] = None
-        self.status: Optional[str] = None
-        self.end: Optional[dict[str, Any]] = None
-        self.reconnects = 0
+    """Where a stream is: the last seq seen, the reconnect streak, the server's retry hint,
+    and the job's final status once `event: end` came."""
+
+    client: Any
+    job_id: str
+    path: str
+    after: int
+    max_reconnects: int
+    deadline: Optional[float]
+    last_seq: int = 0
+    failures: int = 0
+    reconnects: int = 0
+    retry_hint: Optional[float] = None
+    status: Optional[str] = None
+    end: Optional[dict[str, Any]] = None
+
+    def __post_init__(self) -> None:
+        self.last_seq = self.after
 
     def options(self) -> RequestOptions:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
@@ -123,16 +123,40 @@ class _StreamState:
         if self.deadline is not None:
             delay = min(delay, max(0.0, self.deadline - time.monotonic()))
         log.info("event stream of %s: %s; reconnecting in %.2fs", self.job_id, why, delay)
-        return delay
+        return float(delay)
+
+    def steps(self) -> Steps[None]:
+        """Connect, emit each new event, reconnect after a drop, until `event: end`."""
+        while True:
+            opened_at, seen = time.monotonic(), self.last_seq
+            response = None
+            try:
+                response = yield from self.client._request_steps(self.options())
+                lines = yield Lines(response)
+                decoder = SSEDecoder()
+                while (line := (yield NextLine(lines))) is not None:
+                    event = self.handle(decoder, line)
+                    if event is not None:
+                        yield Emit(event)
+                    elif self.end is not None:
+                        return
+                why = "the stream closed before the job ended"
+            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
+                why = type(exc).__name__
+            except APIConnectionError as exc:  # the request already spent its own retries
+                why = str(exc)
+            if response is not None:
+                yield Close(response)
+            healthy = self.last_seq > seen or time.monotonic() - opened_at >= HEALTHY_SECONDS
+            yield Sleep(self.next_delay(why, healthy))
 
 
-class JobEventStream:
-    """Iterate a job's events until it finishes; `status` is its final status afterwards.
-    Use as a context manager (or call `close()`) when you stop early."""
+class _Stream:
+    """What both streams share: their state and its read-only view."""
 
     def __init__(
         self,
-        client: SyncAPIClient,
+        client: Any,
         job_id: str,
         path: str,
         *,
@@ -141,7 +165,7 @@ class JobEventStream:
         deadline: Optional[float] = None,
     ) -> None:
         self._state = _StreamState(client, job_id, path, after, max_reconnects, deadline)
-        self._iterator = self._run()
+        self._machine = Machine(self._state.steps())
 
     @property
     def job_id(self) -> str:
@@ -160,6 +184,15 @@ class JobEventStream:
     def reconnects(self) -> int:
         return self._state.reconnects
 
+
+class JobEventStream(_Stream):
+    """Iterate a job's events until it finishes; `status` is its final status afterwards.
+    Use as a context manager (or call `close()`) when you stop early."""
+
+    def __init__(self, client: SyncAPIClient, job_id: str, path: str, **options: Any) -> None:
+        super().__init__(client, job_id, path, **options)
+        self._iterator: Iterator[JobEvent] = client._drive(self._machine)
+
     def __iter__(self) -> Iterator[JobEvent]:
         return self
 
@@ -167,7 +200,7 @@ class JobEventStream:
         return next(self._iterator)
 
     def close(self) -> None:
-        self._iterator.close()
+        self._iterator.close()  # type: ignore[attr-defined]
 
     def __enter__(self) -> Self:
         return self
@@ -175,63 +208,13 @@ class JobEventStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self) -> Iterator[JobEvent]:
-        state = self._state
-        client = state.client
-        while True:
-            opened_at, seen = time.monotonic(), state.last_seq
-            try:
-                response = client.request(state.options())
-                try:
-                    decoder = SSEDecoder()
-                    for line in response.iter_lines():
-                        event = state.handle(decoder, line)
-                        if event is not None:
-                            yield event
-                        elif state.end is not None:
-                            return
-                finally:
-                    response.close()
-                why = "the stream closed before the job ended"
-            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
-                why = type(exc).__name__
-            except APIConnectionError as exc:  # request() already spent its own retries
-                why = str(exc)
-            healthy = state.last_seq > seen or time.monotonic() - opened_at >= HEALTHY_SECONDS
-            client._sleep(state.next_delay(why, healthy))
 
-
-class AsyncJobEventStream:
+class AsyncJobEventStream(_Stream):
     """`async for event in stream`; see JobEventStream."""
 
-    def __init__(
-        self,
-        client: AsyncAPIClient,
-        job_id: str,
-        path: str,
-        *,
-        after: int = 0,
-        max_reconnects: int = DEFAULT_MAX_RECONNECTS,
-        deadline: Optional[float] = None,
-    ) -> None:
-        self._state = _StreamState(client, job_id, path, after, max_reconnects, deadline)
-        self._iterator = self._run()
-
-    @property
-    def job_id(self) -> str:
-        return self._state.job_id
-
-    @property
-    def status(self) -> Optional[str]:
-        return self._state.status
-
-    @property
-    def last_seq(self) -> int:
-        return self._state.last_seq
-
-    @property
-    def reconnects(self) -> int:
-        return self._state.reconnects
+    def __init__(self, client: AsyncAPIClient, job_id: str, path: str, **options: Any) -> None:
+        super().__init__(client, job_id, path, **options)
+        self._iterator: AsyncIterator[JobEvent] = client._drive(self._machine)
 
     def __aiter__(self) -> AsyncIterator[JobEvent]:
         return self
@@ -240,35 +223,10 @@ class AsyncJobEventStream:
         return await self._iterator.__anext__()
 
     async def aclose(self) -> None:
-        await self._iterator.aclose()
+        await self._iterator.aclose()  # type: ignore[attr-defined]
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    async def _run(self) -> AsyncIterator[JobEvent]:
-        state = self._state
-        client = state.client
-        while True:
-            opened_at, seen = time.monotonic(), state.last_seq
-            try:
-                response = await client.request(state.options())
-                try:
-                    decoder = SSEDecoder()
-                    async for line in response.aiter_lines():
-                        event = state.handle(decoder, line)
-                        if event is not None:
-                            yield event
-                        elif state.end is not None:
-                            return
-                finally:
-                    await response.aclose()
-                why = "the stream closed before the job ended"
-            except (httpx.TimeoutException, *_RETRYABLE_TRANSPORT) as exc:
-                why = type(exc).__name__
-            except APIConnectionError as exc:
-                why = str(exc)
-            healthy = state.last_seq > seen or time.monotonic() - opened_at >= HEALTHY_SECONDS
-            await client._sleep(state.next_delay(why, healthy))

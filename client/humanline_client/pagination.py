@@ -12,14 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from typing import (
-    Any,
-    Callable,
-    Generic,
-    Optional,
-    TypeVar,
-    Union,
-)
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 __all__ = ["AsyncCursorPage", "AsyncPaginator", "CursorPage", "SyncPaginator"]
 

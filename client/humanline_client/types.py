@@ -9,15 +9,10 @@ it came from as `_request_id`.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, TypedDict, Union  # Python >= 3.9
 
 from pydantic import BaseModel as _PydanticBaseModel
 from pydantic import ConfigDict, PrivateAttr
-
-try:  # TypedDict with total=False and Literal from typing (3.9 has both)
-    from typing import Literal, TypedDict
-except ImportError:  # pragma: no cover
-    from typing_extensions import Literal, TypedDict  # type: ignore[assignment]
 
 __all__ = [
     "EVALUATION_TERMINAL_STATUSES",
@@ -31,6 +26,7 @@ __all__ = [
     "ComparisonTest",
     "Evaluation",
     "EvaluationKind",
+    "EvaluationParams",
     "EvaluationReport",
     "EvaluationStatus",
     "FileDeleted",
@@ -46,10 +42,14 @@ __all__ = [
     "Metric",
     "Objective",
     "ObjectiveParams",
+    "OnlineParams",
     "OpenAIJudgeParams",
     "OptimParams",
+    "ParallelParams",
     "ReportFormat",
     "RewardModelJudgeParams",
+    "RewardParams",
+    "VLLMParams",
     "Variant",
 ]
 
@@ -131,6 +131,14 @@ class Job(BaseModel):
     def is_terminal(self) -> bool:
         """True once the job can no longer change (succeeded, failed or cancelled)."""
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def model_files(self) -> list[str]:
+        """The files of the exported model (`jobs.download_model`), [] until the job has
+        succeeded with one."""
+        final = (self.result or {}).get("final_model")
+        files = final.get("files") if isinstance(final, dict) else None
+        return [str(f) for f in files] if isinstance(files, list) else []
 
 
 class JobEvent(BaseModel):
@@ -262,6 +270,7 @@ class Comparison(BaseModel):
     rows: list[ComparisonRow] = []
     tests: list[ComparisonTest] = []
     warnings: list[str] = []
+    fallback: Optional[str] = None  # no job has the metric: training metrics shown instead
 
     def row(self, job_id: str) -> Optional[ComparisonRow]:
         """The row of one job, or None."""
@@ -286,8 +295,8 @@ class HumanlineParams(TypedDict, total=False):
     log_eps_R: float
     sync_every: int
     mode: Literal["clip", "sample"]
-    M_P: float
-    M_R: float
+    M_P: Union[float, Literal["batch_max"]]
+    M_R: Union[float, Literal["batch_max"]]
     gamma_P: float
     beta_P: float
     gamma_R: float
@@ -300,7 +309,7 @@ class OptimParams(TypedDict, total=False):
     eps: float
     weight_decay: float
     warmup_ratio: float
-    schedule: Literal["linear", "cosine", "constant"]
+    schedule: Literal["constant_with_warmup", "linear", "cosine", "constant"]
     max_grad_norm: float
 
 
@@ -310,6 +319,51 @@ class AdapterParams(TypedDict, total=False):
     alpha: float
     dropout: float
     target_modules: list[str]
+
+
+class RewardParams(TypedDict, total=False):
+    """One registered reward source of an online job: {"name": "math_accuracy", "weight": 8}."""
+
+    name: str
+    weight: float
+    options: dict[str, Any]
+
+
+class VLLMParams(TypedDict, total=False):
+    """The vLLM engine of online sampling (server defaults: the spec's lengths and precision)."""
+
+    max_model_len: Optional[int]
+    dtype: Literal["auto", "bfloat16", "float16", "float32"]
+    gpu_memory_utilization: float
+    kv_cache_gib: Optional[float]
+    sleep_between_rounds: bool
+    enforce_eager: bool
+
+
+class ParallelParams(TypedDict, total=False):
+    """How a multi-process job spreads: {"strategy": "fsdp"} shards it (FSDP2)."""
+
+    strategy: Literal["ddp", "fsdp"]
+    reshard_after_forward: bool
+
+
+class OnlineParams(TypedDict, total=False):
+    """Online sampling (variant "online" / "online+humanline"); unset keys take the paper's
+    defaults (rewards: tag_count 1, format 1, math_accuracy 8)."""
+
+    rewards: list[RewardParams]
+    num_samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    tau: float
+    sample_every: int
+    grpo_keep: Literal["all", "extremes"]
+    zero_variance_groups: Literal["drop", "keep"]
+    divide_logits_by_temperature: bool
+    engine: Literal["auto", "vllm", "hf"]
+    prompt_budget: float
+    vllm: VLLMParams
 
 
 class OpenAIJudgeParams(TypedDict, total=False):
@@ -340,3 +394,16 @@ class GenerationParams(TypedDict, total=False):
     top_p: float
     max_new_tokens: int
     seed: int
+
+
+class EvaluationParams(TypedDict, total=False):
+    """An evaluation a job runs on its final model when it succeeds (`jobs.create(...,
+    evaluations=[{"file_id": ..., "kind": "math"}])`); the fields of `evaluations.create`."""
+
+    file_id: str
+    kind: EvaluationKind
+    judge: JudgeParams
+    generation: GenerationParams
+    prompt_template: str
+    system_prompt: str
+    max_items: int

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Callable, Optional, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-import anyio
-
-try:
-    from typing import Literal
-except ImportError:  # pragma: no cover
-    from typing_extensions import Literal  # type: ignore[assignment]
-
-from .._base_client import NOT_GIVEN, RequestOptions
 from .._exceptions import EvaluationWaitTimeout
-from .._resource import AsyncAPIResource, PathLike, SyncAPIResource, path_id, report_options
-from ..pagination import AsyncPaginator, SyncPaginator
+from .._methods import AsyncReport, SyncReport, endpoint, paged, report_endpoint
+from .._resource import (
+    APIResource,
+    AsyncAPIResource,
+    Listing,
+    SyncAPIResource,
+    path_id,
+)
+from .._retries import NOT_GIVEN, RequestOptions
+from .._steps import Callback, Sleep, Steps
 from ..types import (
     Evaluation,
     EvaluationKind,
@@ -31,35 +30,11 @@ from ..types import (
     EvaluationStatus,
     GenerationParams,
     JudgeParams,
-    ReportFormat,
 )
 
 __all__ = ["AsyncEvaluations", "Evaluations"]
 
 UpdateCallback = Callable[[Evaluation], Any]
-
-
-def _evaluation_body(
-    *, extra_body: Optional[Mapping[str, Any]] = None, **fields: Any
-) -> dict[str, Any]:
-    """The request to POST: only what the caller set (the server fills in the kind's
-    defaults, and the idempotency hash covers exactly this)."""
-    body: dict[str, Any] = {}
-    for name, value in fields.items():
-        if value is not None:
-            body[name] = dict(value) if isinstance(value, Mapping) else value
-    body.update(extra_body or {})
-    return body
-
-
-def _list_params(
-    job_id: Optional[str],
-    status: Optional[str],
-    kind: Optional[str],
-    limit: int,
-    after: Optional[str],
-) -> dict[str, Any]:
-    return {"job_id": job_id, "status": status, "kind": kind, "limit": limit, "after": after}
 
 
 def _report_path(evaluation_id: str) -> str:
@@ -70,7 +45,8 @@ def _changed(before: Optional[Evaluation], after: Evaluation) -> bool:
     return before is None or (before.status, before.result) != (after.status, after.result)
 
 
-class Evaluations(SyncAPIResource):
+class _Evaluations(APIResource):
+    @endpoint
     def create(
         self,
         *,
@@ -87,7 +63,7 @@ class Evaluations(SyncAPIResource):
         extra_body: Optional[Mapping[str, Any]] = None,
         idempotency_key: Optional[str] = None,
         timeout: Any = NOT_GIVEN,
-    ) -> Evaluation:
+    ) -> Steps[Evaluation]:
         """Queue an evaluation on `file_id` (an eval file of the matching format) of exactly
         one of: `job_id` (its exported final model, or the checkpoint at `step`) or
         `base_model`. `kind="instruction"` needs a `judge` ({"type": "openai", "base_url":
@@ -95,30 +71,13 @@ class Evaluations(SyncAPIResource):
         NAME}); `kind="math"` takes `prompt_template` (with "{problem}") and `system_prompt`.
         Invalid requests raise UnprocessableEntityError naming the `field`. Retries reuse
         one Idempotency-Key: one call, one evaluation."""
-        body = _evaluation_body(
-            extra_body=extra_body,
-            job_id=job_id,
-            step=step,
-            base_model=base_model,
-            file_id=file_id,
-            kind=kind,
-            judge=judge,
-            generation=generation,
-            prompt_template=prompt_template,
-            system_prompt=system_prompt,
-            max_items=max_items,
+        body = self._create_body(locals())  # the keywords: no other local exists yet
+        opts = RequestOptions(
+            "POST", "/v1/evaluations", json=body, idempotency_key=idempotency_key, timeout=timeout
         )
-        return self._client._call(
-            Evaluation,
-            RequestOptions(
-                "POST",
-                "/v1/evaluations",
-                json=body,
-                idempotency_key=idempotency_key,
-                timeout=timeout,
-            ),
-        )
+        return (yield from self._call(Evaluation, opts))
 
+    @paged
     def list(
         self,
         *,
@@ -127,42 +86,29 @@ class Evaluations(SyncAPIResource):
         kind: Optional[Union[EvaluationKind, str]] = None,
         limit: int = 20,
         after: Optional[str] = None,
-    ) -> SyncPaginator[Evaluation]:
+    ) -> Listing[Evaluation]:
         """Evaluations, newest first, optionally of one job, in one status, of one kind.
         Lazy: iterate, or `.first_page()`; `limit` is the page size."""
-        return self._paginate(
-            "/v1/evaluations", Evaluation, _list_params(job_id, status, kind, limit, after)
+        params = {"job_id": job_id, "status": status, "kind": kind, "limit": limit}
+        return Listing("/v1/evaluations", Evaluation, {**params, "after": after})
+
+    @endpoint
+    def retrieve(self, evaluation_id: str) -> Steps[Evaluation]:
+        path = f"/v1/evaluations/{path_id(evaluation_id, 'evaluation')}"
+        return (yield from self._get(path, Evaluation))
+
+    if not TYPE_CHECKING:  # typed per twin below (the result depends on format and to)
+        report = report_endpoint(
+            "evaluation_id",
+            _report_path,
+            EvaluationReport,
+            """The full result of a succeeded evaluation, every item included: an
+            EvaluationReport (`format="json"`), the self-contained HTML page as a str
+            (`format="html"`), or with `to=` streamed into that file and its Path returned.
+            ConflictError until the evaluation has succeeded.""",
         )
 
-    def retrieve(self, evaluation_id: str) -> Evaluation:
-        return self._client._get(
-            f"/v1/evaluations/{path_id(evaluation_id, 'evaluation')}", Evaluation
-        )
-
-    @overload
-    def report(
-        self, evaluation_id: str, *, format: Literal["json"] = ..., to: None = ...
-    ) -> EvaluationReport: ...
-    @overload
-    def report(self, evaluation_id: str, *, format: Literal["html"], to: None = ...) -> str: ...
-    @overload
-    def report(
-        self, evaluation_id: str, *, format: Union[ReportFormat, str] = ..., to: PathLike
-    ) -> Path: ...
-    def report(
-        self,
-        evaluation_id: str,
-        *,
-        format: Union[ReportFormat, str] = "json",
-        to: Optional[PathLike] = None,
-    ) -> Union[EvaluationReport, str, Path]:
-        """The full result of a succeeded evaluation, every item included: an
-        EvaluationReport (`format="json"`), the self-contained HTML page as a str
-        (`format="html"`), or with `to=` streamed into that file and its Path returned.
-        ConflictError until the evaluation has succeeded."""
-        opts = report_options(_report_path(evaluation_id), format)
-        return self._report(opts, format, EvaluationReport, to)
-
+    @endpoint
     def wait(
         self,
         evaluation_id: str,
@@ -170,19 +116,20 @@ class Evaluations(SyncAPIResource):
         timeout: Optional[float] = None,
         poll_interval: float = 2.0,
         on_update: Optional[UpdateCallback] = None,
-    ) -> Evaluation:
+    ) -> Steps[Evaluation]:
         """Poll every `poll_interval` seconds until the evaluation succeeds, fails or is
         cancelled, and return it (check `status`; failures are not raised). `on_update` sees
-        the evaluation each time its status or result (progress) changes. Raises
-        EvaluationWaitTimeout after `timeout` seconds (the evaluation goes on)."""
+        the evaluation each time its status or result (progress) changes (on AsyncClient it
+        may be a coroutine function). Raises EvaluationWaitTimeout after `timeout` seconds
+        (the evaluation goes on)."""
         if poll_interval <= 0:
             raise ValueError("poll_interval must be > 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         last: Optional[Evaluation] = None
         while True:
-            evaluation = self.retrieve(evaluation_id)
+            evaluation = yield from _Evaluations.retrieve.steps(self, evaluation_id)
             if on_update is not None and _changed(last, evaluation):
-                on_update(evaluation)
+                yield Callback(on_update, evaluation)
             last = evaluation
             if evaluation.is_terminal:
                 return evaluation
@@ -196,123 +143,18 @@ class Evaluations(SyncAPIResource):
                         evaluation=evaluation,
                     )
                 delay = min(delay, left)
-            time.sleep(delay)
+            yield Sleep(delay)
 
 
-class AsyncEvaluations(AsyncAPIResource):
-    async def create(
-        self,
-        *,
-        file_id: str,
-        kind: Union[EvaluationKind, str],
-        job_id: Optional[str] = None,
-        step: Optional[int] = None,
-        base_model: Optional[str] = None,
-        judge: Optional[JudgeParams] = None,
-        generation: Optional[GenerationParams] = None,
-        prompt_template: Optional[str] = None,
-        system_prompt: Optional[str] = None,
-        max_items: Optional[int] = None,
-        extra_body: Optional[Mapping[str, Any]] = None,
-        idempotency_key: Optional[str] = None,
-        timeout: Any = NOT_GIVEN,
-    ) -> Evaluation:
-        body = _evaluation_body(
-            extra_body=extra_body,
-            job_id=job_id,
-            step=step,
-            base_model=base_model,
-            file_id=file_id,
-            kind=kind,
-            judge=judge,
-            generation=generation,
-            prompt_template=prompt_template,
-            system_prompt=system_prompt,
-            max_items=max_items,
-        )
-        return await self._client._call(
-            Evaluation,
-            RequestOptions(
-                "POST",
-                "/v1/evaluations",
-                json=body,
-                idempotency_key=idempotency_key,
-                timeout=timeout,
-            ),
-        )
+class Evaluations(_Evaluations, SyncAPIResource):
+    """`client.evaluations`: create, list, retrieve, report, wait."""
 
-    def list(
-        self,
-        *,
-        job_id: Optional[str] = None,
-        status: Optional[Union[EvaluationStatus, str]] = None,
-        kind: Optional[Union[EvaluationKind, str]] = None,
-        limit: int = 20,
-        after: Optional[str] = None,
-    ) -> AsyncPaginator[Evaluation]:
-        return self._paginate(
-            "/v1/evaluations", Evaluation, _list_params(job_id, status, kind, limit, after)
-        )
+    if TYPE_CHECKING:
+        report: SyncReport[EvaluationReport]
 
-    async def retrieve(self, evaluation_id: str) -> Evaluation:
-        return await self._client._get(
-            f"/v1/evaluations/{path_id(evaluation_id, 'evaluation')}", Evaluation
-        )
 
-    @overload
-    async def report(
-        self, evaluation_id: str, *, format: Literal["json"] = ..., to: None = ...
-    ) -> EvaluationReport: ...
-    @overload
-    async def report(
-        self, evaluation_id: str, *, format: Literal["html"], to: None = ...
-    ) -> str: ...
-    @overload
-    async def report(
-        self, evaluation_id: str, *, format: Union[ReportFormat, str] = ..., to: PathLike
-    ) -> Path: ...
-    async def report(
-        self,
-        evaluation_id: str,
-        *,
-        format: Union[ReportFormat, str] = "json",
-        to: Optional[PathLike] = None,
-    ) -> Union[EvaluationReport, str, Path]:
-        """See Evaluations.report."""
-        opts = report_options(_report_path(evaluation_id), format)
-        return await self._report(opts, format, EvaluationReport, to)
+class AsyncEvaluations(_Evaluations, AsyncAPIResource):
+    """`aclient.evaluations`: the same methods, awaited."""
 
-    async def wait(
-        self,
-        evaluation_id: str,
-        *,
-        timeout: Optional[float] = None,
-        poll_interval: float = 2.0,
-        on_update: Optional[UpdateCallback] = None,
-    ) -> Evaluation:
-        """See Evaluations.wait; `on_update` may be a plain function or a coroutine
-        function."""
-        if poll_interval <= 0:
-            raise ValueError("poll_interval must be > 0")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last: Optional[Evaluation] = None
-        while True:
-            evaluation = await self.retrieve(evaluation_id)
-            if on_update is not None and _changed(last, evaluation):
-                result = on_update(evaluation)
-                if hasattr(result, "__await__"):
-                    await result
-            last = evaluation
-            if evaluation.is_terminal:
-                return evaluation
-            delay = poll_interval
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise EvaluationWaitTimeout(
-                        f"evaluation {evaluation_id} is still {evaluation.status} after "
-                        f"{timeout:g} s",
-                        evaluation=evaluation,
-                    )
-                delay = min(delay, left)
-            await anyio.sleep(delay)
+    if TYPE_CHECKING:
+        report: AsyncReport[EvaluationReport]

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Optional, Union
 
-from .._base_client import NOT_GIVEN, RequestOptions
-from .._resource import AsyncAPIResource, SyncAPIResource, path_id
-from ..pagination import AsyncPaginator, SyncPaginator
+from .._methods import endpoint, paged
+from .._resource import APIResource, AsyncAPIResource, Listing, SyncAPIResource, path_id
+from .._retries import NOT_GIVEN, RequestOptions
+from .._steps import Steps
 from ..types import FileDeleted, FileObject, FilePurpose
 
 __all__ = ["AsyncFiles", "FileInput", "Files"]
@@ -72,11 +73,8 @@ class _Multipart:
         self._opened.clear()
 
 
-def _list_params(purpose: Optional[str], limit: int, after: Optional[str]) -> dict:
-    return {"purpose": purpose, "limit": limit, "after": after}
-
-
-class Files(SyncAPIResource):
+class _Files(APIResource):
+    @endpoint
     def upload(
         self,
         *,
@@ -85,92 +83,56 @@ class Files(SyncAPIResource):
         filename: Optional[str] = None,
         idempotency_key: Optional[str] = None,
         timeout: Any = NOT_GIVEN,
-    ) -> FileObject:
+    ) -> Steps[FileObject]:
         """Upload a JSONL file (`purpose="train"` for training data, `"eval"` for evaluation
         sets). The server validates every line; a bad file raises UnprocessableEntityError
         whose `errors` list the bad lines ({"line", "field", "message"})."""
         part = _Multipart(file, filename)
+        opts = RequestOptions(
+            "POST",
+            "/v1/files",
+            data={"purpose": purpose},
+            files=part,
+            idempotency_key=idempotency_key,
+            timeout=timeout,
+        )
         try:
-            return self._client._call(
-                FileObject,
-                RequestOptions(
-                    "POST",
-                    "/v1/files",
-                    data={"purpose": purpose},
-                    files=part,
-                    idempotency_key=idempotency_key,
-                    timeout=timeout,
-                ),
-            )
+            return (yield from self._call(FileObject, opts))
         finally:
             part.close()
 
+    @paged
     def list(
         self, *, purpose: Optional[FilePurpose] = None, limit: int = 20, after: Optional[str] = None
-    ) -> SyncPaginator[FileObject]:
+    ) -> Listing[FileObject]:
         """Files, newest first (lazy: iterate, or `.first_page()`). `limit` is the page size."""
-        return self._paginate("/v1/files", FileObject, _list_params(purpose, limit, after))
+        return Listing(
+            "/v1/files", FileObject, {"purpose": purpose, "limit": limit, "after": after}
+        )
 
-    def retrieve(self, file_id: str) -> FileObject:
-        return self._client._get(f"/v1/files/{path_id(file_id, 'file')}", FileObject)
+    @endpoint
+    def retrieve(self, file_id: str) -> Steps[FileObject]:
+        return (yield from self._get(f"/v1/files/{path_id(file_id, 'file')}", FileObject))
 
+    @endpoint
     def content(
         self, file_id: str, *, to: Union[str, os.PathLike[str], None] = None
-    ) -> Union[bytes, Path]:
+    ) -> Steps[Union[bytes, Path]]:
         """The file's bytes, or with `to=` streamed into that path (returned as a Path)."""
         opts = RequestOptions("GET", f"/v1/files/{path_id(file_id, 'file')}/content")
         opts.headers["Accept"] = "*/*"
-        return self._client._download(opts, to)
+        return (yield from self._download(opts, to))
 
-    def delete(self, file_id: str) -> FileDeleted:
+    @endpoint
+    def delete(self, file_id: str) -> Steps[FileDeleted]:
         """Delete a file and its bytes (ConflictError while an active job trains on it)."""
-        return self._client._call(
-            FileDeleted, RequestOptions("DELETE", f"/v1/files/{path_id(file_id, 'file')}")
-        )
+        opts = RequestOptions("DELETE", f"/v1/files/{path_id(file_id, 'file')}")
+        return (yield from self._call(FileDeleted, opts))
 
 
-class AsyncFiles(AsyncAPIResource):
-    async def upload(
-        self,
-        *,
-        file: FileInput,
-        purpose: FilePurpose = "train",
-        filename: Optional[str] = None,
-        idempotency_key: Optional[str] = None,
-        timeout: Any = NOT_GIVEN,
-    ) -> FileObject:
-        part = _Multipart(file, filename)
-        try:
-            return await self._client._call(
-                FileObject,
-                RequestOptions(
-                    "POST",
-                    "/v1/files",
-                    data={"purpose": purpose},
-                    files=part,
-                    idempotency_key=idempotency_key,
-                    timeout=timeout,
-                ),
-            )
-        finally:
-            part.close()
+class Files(_Files, SyncAPIResource):
+    """`client.files`: upload, list, retrieve, content, delete."""
 
-    def list(
-        self, *, purpose: Optional[FilePurpose] = None, limit: int = 20, after: Optional[str] = None
-    ) -> AsyncPaginator[FileObject]:
-        return self._paginate("/v1/files", FileObject, _list_params(purpose, limit, after))
 
-    async def retrieve(self, file_id: str) -> FileObject:
-        return await self._client._get(f"/v1/files/{path_id(file_id, 'file')}", FileObject)
-
-    async def content(
-        self, file_id: str, *, to: Union[str, os.PathLike[str], None] = None
-    ) -> Union[bytes, Path]:
-        opts = RequestOptions("GET", f"/v1/files/{path_id(file_id, 'file')}/content")
-        opts.headers["Accept"] = "*/*"
-        return await self._client._download(opts, to)
-
-    async def delete(self, file_id: str) -> FileDeleted:
-        return await self._client._call(
-            FileDeleted, RequestOptions("DELETE", f"/v1/files/{path_id(file_id, 'file')}")
-        )
+class AsyncFiles(_Files, AsyncAPIResource):
+    """`aclient.files`: the same methods, awaited (`list` is an async paginator)."""

@@ -1,32 +1,32 @@
 """`client.jobs`: create, list, retrieve, cancel, events, metrics, checkpoints,
-download_checkpoint, stream_events, wait, report."""
+download_checkpoint, download_model, stream_events, wait, report."""
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-import time
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Callable, Optional, Union, overload
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-import anyio
-
-try:
-    from typing import Literal
-except ImportError:  # pragma: no cover
-    from typing_extensions import Literal  # type: ignore[assignment]
-
-from .._base_client import NOT_GIVEN, RequestOptions
-from .._exceptions import JobWaitTimeout
-from .._progress import ProgressDisplay, make_progress
-from .._resource import AsyncAPIResource, SyncAPIResource, path_id, report_options
+from .._exceptions import HumanlineError
+from .._methods import AsyncReport, SyncReport, endpoint, paged, report_endpoint, twin
+from .._resource import (
+    APIResource,
+    AsyncAPIResource,
+    Listing,
+    SyncAPIResource,
+    path_id,
+)
+from .._retries import NOT_GIVEN, RequestOptions
+from .._steps import Callback, Steps
 from .._streaming import DEFAULT_MAX_RECONNECTS, AsyncJobEventStream, JobEventStream
-from ..pagination import AsyncPaginator, SyncPaginator
 from ..types import (
     AdapterParams,
+    BaseModel,
     Checkpoint,
+    EvaluationParams,
     HumanlineParams,
     Job,
     JobEvent,
@@ -35,52 +35,60 @@ from ..types import (
     Metric,
     Objective,
     ObjectiveParams,
+    OnlineParams,
     OptimParams,
-    ReportFormat,
+    ParallelParams,
     Variant,
 )
+from ._job_wait import EventCallback, wait_async, wait_sync
 
-__all__ = ["AsyncJobs", "Jobs"]
-
-log = logging.getLogger("humanline_client")
+__all__ = ["AsyncJobs", "FileDownload", "Jobs"]
 
 PathLike = Union[str, "os.PathLike[str]"]
-EventCallback = Callable[[JobEvent], Any]
+INTERNAL_MARKERS = ("_COMPLETE",)  # written by the worker beside checkpoints: never data
 
 
-def _job_body(
-    *,
-    base_model: str,
-    training_file: str,
-    objective: Union[Objective, str, ObjectiveParams, Mapping[str, Any]],
-    extra_body: Optional[Mapping[str, Any]] = None,
-    **fields: Any,
-) -> dict[str, Any]:
-    """The JobSpec to POST: only what the caller set (the server fills in the paper's
-    defaults, and the idempotency hash covers exactly this)."""
-    body: dict[str, Any] = {
-        "base_model": base_model,
-        "training_file": training_file,
-        "objective": objective if isinstance(objective, str) else dict(objective),
-    }
-    for name, value in fields.items():
-        if value is not None:
-            body[name] = dict(value) if isinstance(value, Mapping) else value
-    body.update(extra_body or {})
-    return body
+@dataclass(frozen=True)
+class FileDownload:
+    """One file of a directory download, just written: the `index`-th of `count`."""
+
+    name: str
+    path: Path
+    bytes: int
+    index: int
+    count: int
+
+    def line(self) -> str:
+        return f"[{self.index}/{self.count}] {self.name} ({_size(self.bytes)})"
 
 
-def _list_params(
-    status: Optional[str], metadata: Optional[Mapping[str, str]], limit: int, after: Optional[str]
-) -> dict[str, Any]:
-    params: dict[str, Any] = {"status": status, "limit": limit, "after": after}
-    for key, value in (metadata or {}).items():
-        params[f"metadata[{key}]"] = value
-    return params
+Progress = Union[bool, None, Callable[[FileDownload], Any]]
 
 
-def _report_path(job_id: str) -> str:
-    return f"/v1/jobs/{path_id(job_id, 'job')}/report"
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def _print_line(item: FileDownload) -> None:
+    print(item.line(), file=sys.stderr, flush=True)
+
+
+def _reporter(progress: Progress) -> Optional[Callable[[FileDownload], Any]]:
+    """None (a line per file on stderr when it is a terminal), True (always), False
+    (never), or your own callable."""
+    if callable(progress):
+        return progress
+    if progress is None:
+        progress = sys.stderr.isatty()
+    return _print_line if progress else None
+
+
+def _job_path(job_id: str, *rest: str) -> str:
+    return "/".join([f"/v1/jobs/{path_id(job_id, 'job')}", *rest])
 
 
 def _after_last_step(page: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -88,54 +96,16 @@ def _after_last_step(page: Any, params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-class _Tracker:
-    """What the progress bar shows, fed by polled job state, metrics and stream events."""
-
-    def __init__(self, display: ProgressDisplay, job: Job) -> None:
-        self.display = display
-        self.step = job.current_step
-        self.total = job.total_steps
-        self.status = str(job.status)
-        self.loss: Optional[float] = None
-        self.next_metric_step = 0
-        self.lock = threading.Lock()
-
-    def job(self, job: Job) -> None:
-        with self.lock:
-            self.status = str(job.status)
-            self.step = max(self.step, job.current_step)
-            self.total = job.total_steps or self.total
-
-    def metrics(self, metrics: Any) -> None:
-        with self.lock:
-            for metric in metrics:
-                self.next_metric_step = max(self.next_metric_step, metric.step + 1)
-                self.step = max(self.step, metric.step)
-                loss = metric.values.get("loss")
-                if isinstance(loss, (int, float)):
-                    self.loss = float(loss)
-
-    def event(self, event: JobEvent) -> None:
-        data = event.data or {}
-        with self.lock:
-            if event.kind == "status" and isinstance(data.get("to"), str):
-                self.status = data["to"]
-            if isinstance(data.get("step"), int):
-                self.step = max(self.step, data["step"])
-            if isinstance(data.get("total_steps"), int):
-                self.total = data["total_steps"]
-            if isinstance(data.get("loss"), (int, float)):
-                self.loss = float(data["loss"])
-        if event.kind != "metrics":
-            self.display.note(f"[{event.seq}] {event.kind}: {event.message}")
-
-    def render(self) -> None:
-        with self.lock:
-            step, total, loss, status = self.step, self.total, self.loss, self.status
-        self.display.update(step=step, total=total, loss=loss, status=status)
+def _target(dest: Path, name: str) -> Path:
+    """Where file `name` of a directory goes under `dest` (never outside it)."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
+        raise HumanlineError(f"refusing to write {name!r} outside {dest}")
+    return dest.joinpath(*parts)
 
 
-class Jobs(SyncAPIResource):
+class _Jobs(APIResource):
+    @endpoint
     def create(
         self,
         *,
@@ -143,8 +113,10 @@ class Jobs(SyncAPIResource):
         training_file: str,
         objective: Union[Objective, ObjectiveParams],
         variant: Optional[Variant] = None,
+        preset: Optional[str] = None,
         data_source: Optional[str] = None,
         humanline: Optional[bool] = None,
+        online: Optional[OnlineParams] = None,
         humanline_params: Optional[HumanlineParams] = None,
         reference_sync: Optional[str] = None,
         length_normalize: Optional[bool] = None,
@@ -159,51 +131,37 @@ class Jobs(SyncAPIResource):
         precision: Optional[str] = None,
         adapter: Optional[AdapterParams] = None,
         checkpoint_every: Optional[int] = None,
+        evaluations: Optional[list[EvaluationParams]] = None,
+        max_runtime: Optional[float] = None,
         log_every: Optional[int] = None,
         quality_sample: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        parallelism: Optional[ParallelParams] = None,
         extra_body: Optional[Mapping[str, Any]] = None,
         idempotency_key: Optional[str] = None,
         timeout: Any = NOT_GIVEN,
-    ) -> Job:
-        """Submit a training job. `objective` is "dpo" | "kto" | "grpo" or a dict with its
-        hyperparameters ({"name": "dpo", "beta": 0.1}); `variant` is the shorthand
-        "offline" | "offline+humanline" | ... for data_source and humanline. Unset fields
-        take the server's defaults (the paper's). `extra_body` adds spec fields this SDK
-        version does not know. Retries reuse one Idempotency-Key: one call, one job."""
-        body = _job_body(
-            base_model=base_model,
-            training_file=training_file,
-            objective=objective,
-            extra_body=extra_body,
-            variant=variant,
-            data_source=data_source,
-            humanline=humanline,
-            humanline_params=humanline_params,
-            reference_sync=reference_sync,
-            length_normalize=length_normalize,
-            optim=optim,
-            batch_size=batch_size,
-            grad_accum=grad_accum,
-            max_steps=max_steps,
-            epochs=epochs,
-            max_prompt_length=max_prompt_length,
-            max_length=max_length,
-            seed=seed,
-            precision=precision,
-            adapter=adapter,
-            checkpoint_every=checkpoint_every,
-            log_every=log_every,
-            quality_sample=quality_sample,
-            metadata=metadata,
+    ) -> Steps[Job]:
+        """Submit a training job: every keyword but the last three is a JobSpec field
+        (tests/client/test_spec_keywords.py holds them against the spec's JSON schema).
+        `objective` is "dpo" | "kto" | "grpo" or a dict with its hyperparameters
+        ({"name": "dpo", "beta": 0.1}); `variant` is the shorthand "offline" |
+        "offline+humanline" | "online" | "online+humanline" for data_source and humanline;
+        `online` sets sampling and rewards of online jobs; `evaluations` run on the final
+        model when the job succeeds; `preset` ("instruction" | "math") is the paper's testbed
+        whose defaults fill unset fields. Unset fields take the server's defaults (the paper's;
+        the job returned shows every resolved value).
+        `extra_body` adds spec fields this SDK version does not know. Retries reuse one
+        Idempotency-Key: one call, one job."""
+        opts = RequestOptions(
+            "POST",
+            "/v1/jobs",
+            json=self._create_body(locals()),  # the keywords: no other local yet
+            idempotency_key=idempotency_key,
+            timeout=timeout,
         )
-        return self._client._call(
-            Job,
-            RequestOptions(
-                "POST", "/v1/jobs", json=body, idempotency_key=idempotency_key, timeout=timeout
-            ),
-        )
+        return (yield from self._call(Job, opts))
 
+    @paged
     def list(
         self,
         *,
@@ -211,105 +169,95 @@ class Jobs(SyncAPIResource):
         metadata: Optional[Mapping[str, str]] = None,
         limit: int = 20,
         after: Optional[str] = None,
-    ) -> SyncPaginator[Job]:
+    ) -> Listing[Job]:
         """Jobs, newest first, optionally filtered by status and metadata values (all must
         match). Lazy: iterate, or `.first_page()`; `limit` is the page size."""
-        return self._paginate("/v1/jobs", Job, _list_params(status, metadata, limit, after))
+        params: dict[str, Any] = {"status": status, "limit": limit, "after": after}
+        for key, value in (metadata or {}).items():
+            params[f"metadata[{key}]"] = value
+        return Listing("/v1/jobs", Job, params)
 
-    def retrieve(self, job_id: str) -> Job:
-        return self._client._get(f"/v1/jobs/{path_id(job_id, 'job')}", Job)
+    @endpoint
+    def retrieve(self, job_id: str) -> Steps[Job]:
+        return (yield from self._get(_job_path(job_id), Job))
 
-    def cancel(self, job_id: str, *, idempotency_key: Optional[str] = None) -> Job:
+    @endpoint
+    def cancel(self, job_id: str, *, idempotency_key: Optional[str] = None) -> Steps[Job]:
         """A queued job is cancelled at once; a running one becomes `cancelling` and stops at
         its next step boundary. ConflictError when the job has already finished."""
-        return self._client._call(
-            Job,
-            RequestOptions(
-                "POST",
-                f"/v1/jobs/{path_id(job_id, 'job')}/cancel",
-                idempotency_key=idempotency_key,
-            ),
-        )
+        opts = RequestOptions("POST", _job_path(job_id, "cancel"), idempotency_key=idempotency_key)
+        return (yield from self._call(Job, opts))
 
-    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> SyncPaginator[JobEvent]:
+    @paged
+    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> Listing[JobEvent]:
         """The job's event log, oldest first, after seq `after` (lazy pages of `limit`)."""
-        return self._paginate(
-            f"/v1/jobs/{path_id(job_id, 'job')}/events",
-            JobEvent,
-            {"after": after, "limit": limit},
-        )
+        return Listing(_job_path(job_id, "events"), JobEvent, {"after": after, "limit": limit})
 
+    @paged
     def metrics(
-        self,
-        job_id: str,
-        *,
-        from_step: int = 0,
-        to_step: Optional[int] = None,
-        limit: int = 1000,
-    ) -> SyncPaginator[Metric]:
+        self, job_id: str, *, from_step: int = 0, to_step: Optional[int] = None, limit: int = 1000
+    ) -> Listing[Metric]:
         """Per-step training metrics, by step, from_step <= step <= to_step (lazy pages)."""
-        return self._paginate(
-            f"/v1/jobs/{path_id(job_id, 'job')}/metrics",
-            Metric,
-            {"from_step": from_step, "to_step": to_step, "limit": limit},
-            _after_last_step,
-        )
+        params = {"from_step": from_step, "to_step": to_step, "limit": limit}
+        return Listing(_job_path(job_id, "metrics"), Metric, params, _after_last_step)
 
-    def checkpoints(self, job_id: str) -> SyncPaginator[Checkpoint]:
+    @paged
+    def checkpoints(self, job_id: str) -> Listing[Checkpoint]:
         """Saved checkpoints, by step."""
-        return self._paginate(f"/v1/jobs/{path_id(job_id, 'job')}/checkpoints", Checkpoint, {})
+        return Listing(_job_path(job_id, "checkpoints"), Checkpoint)
 
+    @endpoint
     def download_checkpoint(
-        self, job_id: str, *, step: int, file: str, to: Optional[PathLike] = None
-    ) -> Union[bytes, Path]:
-        """One file of a checkpoint (a name from `Checkpoint.files`): its bytes, or streamed
-        into `to` and that Path returned. Presigned object-store redirects are followed
-        without sending the API key."""
-        opts = RequestOptions(
-            "GET",
-            f"/v1/jobs/{path_id(job_id, 'job')}/checkpoints/{int(step)}/download",
-            params={"file": file},
-            headers={"Accept": "*/*"},
-        )
-        return self._client._download(opts, to)
-
-    @overload
-    def report(
-        self, job_id: str, *, format: Literal["json"] = ..., to: None = ...
-    ) -> JobReport: ...
-    @overload
-    def report(self, job_id: str, *, format: Literal["html"], to: None = ...) -> str: ...
-    @overload
-    def report(
-        self, job_id: str, *, format: Union[ReportFormat, str] = ..., to: PathLike
-    ) -> Path: ...
-    def report(
         self,
         job_id: str,
         *,
-        format: Union[ReportFormat, str] = "json",
+        step: int,
+        file: Optional[str] = None,
         to: Optional[PathLike] = None,
-    ) -> Union[JobReport, str, Path]:
-        """The job's report, built on request (current while it runs): training curves, the
-        data-quality histogram, its evaluations and the manifest (spec, data sha256, code
-        version, seed, wall-clock per phase). A JobReport (`format="json"`), the
-        self-contained HTML page as a str (`format="html"`), or with `to=` written to that
-        file and its Path returned."""
-        return self._report(report_options(_report_path(job_id), format), format, JobReport, to)
+        progress: Progress = None,
+    ) -> Steps[Union[bytes, Path]]:
+        """One file of a checkpoint (a name from `Checkpoint.files`): its bytes, or streamed
+        into `to` and that Path returned. Without `file`, the whole checkpoint (training
+        state: weights, optimizer, RNG; resume material, not a model to load — that is
+        `download_model`) into the directory `to`, returned as its Path; `progress` as in
+        download_model. Presigned object-store redirects are followed without sending the
+        API key."""
+        path = _job_path(job_id, "checkpoints", str(int(step)), "download")
+        if file is not None:
+            return (yield from self._download(_file_options(path, file), to))
+        if to is None:
+            raise ValueError("name the directory to download the checkpoint into: to=DIR")
+        listing = yield from self._call(
+            _CheckpointPage, RequestOptions("GET", _job_path(job_id, "checkpoints"))
+        )
+        found = [c for c in listing.data if c.step == int(step)]
+        if not found:
+            steps = ", ".join(str(c.step) for c in listing.data) or "none yet"
+            raise HumanlineError(f"job {job_id} has no checkpoint at step {step} (steps: {steps})")
+        return (yield from self._save_all(path, found[0].files or [], to, progress))
 
-    def stream_events(
-        self, job_id: str, *, after: int = 0, max_reconnects: int = DEFAULT_MAX_RECONNECTS
-    ) -> JobEventStream:
-        """Follow the job's events live until it finishes (server-sent events, resumed with
-        Last-Event-ID after a dropped connection). `stream.status` is the final status."""
-        return JobEventStream(
-            self._client,
-            job_id,
-            f"/v1/jobs/{path_id(job_id, 'job')}/events/stream",
-            after=after,
-            max_reconnects=max_reconnects,
+    @endpoint
+    def download_model(
+        self, job_id: str, dir: PathLike, *, progress: Progress = None
+    ) -> Steps[Path]:
+        """Download the job's exported model (an adapter or full model directory that
+        transformers/peft load) into `dir`, every file, and return its Path. `progress`:
+        None prints a line per file on stderr when it is a terminal, True always, False
+        never, or a callable that receives each FileDownload. HumanlineError unless the
+        job has succeeded with an exported model."""
+        job = yield from _Jobs.retrieve.steps(self, job_id)
+        if job.status != "succeeded" or not job.model_files:
+            raise HumanlineError(
+                f"job {job.id} has no exported model (status {job.status}); a model is "
+                "exported when a job succeeds"
+            )
+        return (
+            yield from self._save_all(
+                _job_path(job_id, "model", "download"), job.model_files, dir, progress
+            )
         )
 
+    @twin.of(wait_sync, wait_async)
     def wait(
         self,
         job_id: str,
@@ -321,308 +269,87 @@ class Jobs(SyncAPIResource):
     ) -> Job:
         """Block until the job succeeds, fails or is cancelled, and return it (check
         `job.status`). Follows the event stream (`on_event` sees every event, oldest first);
-        `progress` shows steps, loss and ETA (default: when stderr is a terminal), polled
-        every `poll_interval` seconds. Raises JobWaitTimeout after `timeout` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        job = self.retrieve(job_id)
-        display = make_progress(progress, job.id) if not job.is_terminal or progress else None
-        tracker = _Tracker(display, job) if display is not None else None
-        stop = threading.Event()
-        poller: Optional[threading.Thread] = None
-        if tracker is not None:
-            poller = threading.Thread(
-                target=self._poll_progress,
-                args=(job_id, tracker, stop, poll_interval),
-                name=f"humanline-progress-{job_id}",
-                daemon=True,
-            )
-            poller.start()
-        try:
-            if not job.is_terminal:
-                stream = JobEventStream(
-                    self._client,
-                    job_id,
-                    f"/v1/jobs/{path_id(job_id, 'job')}/events/stream",
-                    deadline=deadline,
-                )
-                with stream:
-                    for event in stream:
-                        if tracker is not None:
-                            tracker.event(event)
-                            tracker.render()
-                        if on_event is not None:
-                            on_event(event)
-            elif on_event is not None:
-                for event in self.events(job_id, limit=1000):
-                    on_event(event)
-            job = self.retrieve(job_id)
-        except JobWaitTimeout as exc:
-            try:
-                exc.job = self.retrieve(job_id)
-            except Exception:  # noqa: BLE001 - the timeout is the error worth raising
-                exc.job = job
-            raise
-        finally:
-            stop.set()
-            if poller is not None:
-                poller.join(timeout=poll_interval + 5)
-            if tracker is not None:
-                self._refresh(job_id, tracker, job)
-                tracker.render()
-                tracker.display.close()
-        return job
+        `progress` shows step, loss and ETA, polled every `poll_interval` seconds: None (the
+        default) a bar when stderr is a terminal and nothing otherwise, True a bar on a
+        terminal and plain log lines otherwise (CI logs), False nothing. Raises
+        JobWaitTimeout after `timeout` seconds (the job goes on). On AsyncClient `on_event`
+        may be a coroutine function."""
+        raise NotImplementedError  # pragma: no cover - see wait_sync and wait_async
 
-    def _refresh(self, job_id: str, tracker: _Tracker, job: Optional[Job] = None) -> None:
-        try:
-            tracker.job(job or self.retrieve(job_id))
-            tracker.metrics(self.metrics(job_id, from_step=tracker.next_metric_step))
-        except Exception:  # a progress bar never breaks a wait
-            log.debug("progress refresh of %s failed", job_id, exc_info=True)
+    _stream_class: Any
 
-    def _poll_progress(
-        self, job_id: str, tracker: _Tracker, stop: threading.Event, interval: float
-    ) -> None:
-        while not stop.is_set():
-            self._refresh(job_id, tracker)
-            tracker.render()
-            stop.wait(interval)
+    def _stream(self, job_id: str, **options: Any) -> Any:  # typed by the twins' callers
+        """The job's event stream (JobEventStream or AsyncJobEventStream)."""
+        path = _job_path(job_id, "events", "stream")
+        return self._stream_class(self._client, job_id, path, **options)
 
+    def _save_all(
+        self, path: str, names: Sequence[str], to: PathLike, progress: Progress
+    ) -> Steps[Path]:
+        dest = Path(to)
+        names = [n for n in names if PurePosixPath(n).name not in INTERNAL_MARKERS]
+        report = _reporter(progress)
+        for index, name in enumerate(names, 1):
+            target = _target(dest, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            yield from self._download(_file_options(path, name), target)
+            if report is not None:
+                item = FileDownload(name, target, target.stat().st_size, index, len(names))
+                yield Callback(report, item)
+        dest.mkdir(parents=True, exist_ok=True)
+        return dest
 
-class AsyncJobs(AsyncAPIResource):
-    async def create(
-        self,
-        *,
-        base_model: str,
-        training_file: str,
-        objective: Union[Objective, ObjectiveParams],
-        variant: Optional[Variant] = None,
-        data_source: Optional[str] = None,
-        humanline: Optional[bool] = None,
-        humanline_params: Optional[HumanlineParams] = None,
-        reference_sync: Optional[str] = None,
-        length_normalize: Optional[bool] = None,
-        optim: Optional[OptimParams] = None,
-        batch_size: Optional[int] = None,
-        grad_accum: Optional[int] = None,
-        max_steps: Optional[int] = None,
-        epochs: Optional[int] = None,
-        max_prompt_length: Optional[int] = None,
-        max_length: Optional[int] = None,
-        seed: Optional[int] = None,
-        precision: Optional[str] = None,
-        adapter: Optional[AdapterParams] = None,
-        checkpoint_every: Optional[int] = None,
-        log_every: Optional[int] = None,
-        quality_sample: Optional[int] = None,
-        metadata: Optional[Mapping[str, str]] = None,
-        extra_body: Optional[Mapping[str, Any]] = None,
-        idempotency_key: Optional[str] = None,
-        timeout: Any = NOT_GIVEN,
-    ) -> Job:
-        body = _job_body(
-            base_model=base_model,
-            training_file=training_file,
-            objective=objective,
-            extra_body=extra_body,
-            variant=variant,
-            data_source=data_source,
-            humanline=humanline,
-            humanline_params=humanline_params,
-            reference_sync=reference_sync,
-            length_normalize=length_normalize,
-            optim=optim,
-            batch_size=batch_size,
-            grad_accum=grad_accum,
-            max_steps=max_steps,
-            epochs=epochs,
-            max_prompt_length=max_prompt_length,
-            max_length=max_length,
-            seed=seed,
-            precision=precision,
-            adapter=adapter,
-            checkpoint_every=checkpoint_every,
-            log_every=log_every,
-            quality_sample=quality_sample,
-            metadata=metadata,
-        )
-        return await self._client._call(
-            Job,
-            RequestOptions(
-                "POST", "/v1/jobs", json=body, idempotency_key=idempotency_key, timeout=timeout
-            ),
+    if not TYPE_CHECKING:  # typed per twin below (the result depends on format and to)
+        report = report_endpoint(
+            "job_id",
+            lambda job_id: _job_path(job_id, "report"),
+            JobReport,
+            """The job's report, built on request (current while it runs): training curves,
+            the data-quality histogram, its evaluations and the manifest (spec, data sha256,
+            code version, seed, wall-clock per phase). A JobReport (`format="json"`), the
+            self-contained HTML page as a str (`format="html"`), or with `to=` written to
+            that file and its Path returned.""",
         )
 
-    def list(
-        self,
-        *,
-        status: Optional[Union[JobStatus, str]] = None,
-        metadata: Optional[Mapping[str, str]] = None,
-        limit: int = 20,
-        after: Optional[str] = None,
-    ) -> AsyncPaginator[Job]:
-        return self._paginate("/v1/jobs", Job, _list_params(status, metadata, limit, after))
 
-    async def retrieve(self, job_id: str) -> Job:
-        return await self._client._get(f"/v1/jobs/{path_id(job_id, 'job')}", Job)
+def _file_options(path: str, file: str) -> RequestOptions:
+    return RequestOptions("GET", path, params={"file": file}, headers={"Accept": "*/*"})
 
-    async def cancel(self, job_id: str, *, idempotency_key: Optional[str] = None) -> Job:
-        return await self._client._call(
-            Job,
-            RequestOptions(
-                "POST",
-                f"/v1/jobs/{path_id(job_id, 'job')}/cancel",
-                idempotency_key=idempotency_key,
-            ),
-        )
 
-    def events(self, job_id: str, *, after: int = 0, limit: int = 100) -> AsyncPaginator[JobEvent]:
-        return self._paginate(
-            f"/v1/jobs/{path_id(job_id, 'job')}/events",
-            JobEvent,
-            {"after": after, "limit": limit},
-        )
+class _CheckpointPage(BaseModel):
+    data: list[Checkpoint] = []  # noqa: RUF012 - pydantic copies defaults
 
-    def metrics(
-        self,
-        job_id: str,
-        *,
-        from_step: int = 0,
-        to_step: Optional[int] = None,
-        limit: int = 1000,
-    ) -> AsyncPaginator[Metric]:
-        return self._paginate(
-            f"/v1/jobs/{path_id(job_id, 'job')}/metrics",
-            Metric,
-            {"from_step": from_step, "to_step": to_step, "limit": limit},
-            _after_last_step,
-        )
 
-    def checkpoints(self, job_id: str) -> AsyncPaginator[Checkpoint]:
-        return self._paginate(f"/v1/jobs/{path_id(job_id, 'job')}/checkpoints", Checkpoint, {})
+class Jobs(_Jobs, SyncAPIResource):
+    """`client.jobs`."""
 
-    async def download_checkpoint(
-        self, job_id: str, *, step: int, file: str, to: Optional[PathLike] = None
-    ) -> Union[bytes, Path]:
-        opts = RequestOptions(
-            "GET",
-            f"/v1/jobs/{path_id(job_id, 'job')}/checkpoints/{int(step)}/download",
-            params={"file": file},
-            headers={"Accept": "*/*"},
-        )
-        return await self._client._download(opts, to)
+    _stream_class = JobEventStream
 
-    @overload
-    async def report(
-        self, job_id: str, *, format: Literal["json"] = ..., to: None = ...
-    ) -> JobReport: ...
-    @overload
-    async def report(self, job_id: str, *, format: Literal["html"], to: None = ...) -> str: ...
-    @overload
-    async def report(
-        self, job_id: str, *, format: Union[ReportFormat, str] = ..., to: PathLike
-    ) -> Path: ...
-    async def report(
-        self,
-        job_id: str,
-        *,
-        format: Union[ReportFormat, str] = "json",
-        to: Optional[PathLike] = None,
-    ) -> Union[JobReport, str, Path]:
-        """See Jobs.report."""
-        opts = report_options(_report_path(job_id), format)
-        return await self._report(opts, format, JobReport, to)
+    if TYPE_CHECKING:
+        report: SyncReport[JobReport]
+
+    def stream_events(
+        self, job_id: str, *, after: int = 0, max_reconnects: int = DEFAULT_MAX_RECONNECTS
+    ) -> JobEventStream:
+        """Follow the job's events live until it finishes (server-sent events, resumed with
+        Last-Event-ID after a dropped connection). `stream.status` is the final status."""
+        stream: JobEventStream = self._stream(job_id, after=after, max_reconnects=max_reconnects)
+        return stream
+
+
+class AsyncJobs(_Jobs, AsyncAPIResource):
+    """`aclient.jobs`: the same methods, awaited; `on_event` may be a coroutine function."""
+
+    _stream_class = AsyncJobEventStream
 
     def stream_events(
         self, job_id: str, *, after: int = 0, max_reconnects: int = DEFAULT_MAX_RECONNECTS
     ) -> AsyncJobEventStream:
-        return AsyncJobEventStream(
-            self._client,
-            job_id,
-            f"/v1/jobs/{path_id(job_id, 'job')}/events/stream",
-            after=after,
-            max_reconnects=max_reconnects,
+        """See Jobs.stream_events: `async for event in stream`."""
+        stream: AsyncJobEventStream = self._stream(
+            job_id, after=after, max_reconnects=max_reconnects
         )
+        return stream
 
-    async def wait(
-        self,
-        job_id: str,
-        *,
-        timeout: Optional[float] = None,
-        progress: Optional[bool] = None,
-        on_event: Optional[EventCallback] = None,
-        poll_interval: float = 2.0,
-    ) -> Job:
-        """See Jobs.wait; `on_event` may be a plain function or a coroutine function."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        job = await self.retrieve(job_id)
-        display = make_progress(progress, job.id) if not job.is_terminal or progress else None
-        tracker = _Tracker(display, job) if display is not None else None
-
-        async def call(event: JobEvent) -> None:
-            if on_event is not None:
-                result = on_event(event)
-                if hasattr(result, "__await__"):
-                    await result
-
-        async def follow() -> None:
-            if not job.is_terminal:
-                stream = AsyncJobEventStream(
-                    self._client,
-                    job_id,
-                    f"/v1/jobs/{path_id(job_id, 'job')}/events/stream",
-                    deadline=deadline,
-                )
-                async with stream:
-                    async for event in stream:
-                        if tracker is not None:
-                            tracker.event(event)
-                            tracker.render()
-                        await call(event)
-            elif on_event is not None:
-                async for event in self.events(job_id, limit=1000):
-                    await call(event)
-
-        try:
-            if tracker is None:
-                await follow()
-            else:
-                # The poller runs beside the stream; errors of the stream are carried out of
-                # the task group by hand so they are not wrapped in an ExceptionGroup.
-                error: Optional[Exception] = None
-                async with anyio.create_task_group() as tasks:
-                    tasks.start_soon(self._poll_progress, job_id, tracker, poll_interval)
-                    try:
-                        await follow()
-                    except Exception as exc:  # noqa: BLE001 - re-raised below
-                        error = exc
-                    tasks.cancel_scope.cancel()
-                if error is not None:
-                    raise error
-            job = await self.retrieve(job_id)
-        except JobWaitTimeout as exc:
-            try:
-                exc.job = await self.retrieve(job_id)
-            except Exception:  # noqa: BLE001
-                exc.job = job
-            raise
-        finally:
-            if tracker is not None:
-                await self._refresh(job_id, tracker, job)
-                tracker.render()
-                tracker.display.close()
-        return job
-
-    async def _refresh(self, job_id: str, tracker: _Tracker, job: Optional[Job] = None) -> None:
-        try:
-            tracker.job(job or await self.retrieve(job_id))
-            tracker.metrics(
-                await self.metrics(job_id, from_step=tracker.next_metric_step).to_list()
-            )
-        except Exception:  # a progress bar never breaks a wait
-            log.debug("progress refresh of %s failed", job_id, exc_info=True)
-
-    async def _poll_progress(self, job_id: str, tracker: _Tracker, interval: float) -> None:
-        while True:
-            await self._refresh(job_id, tracker)
-            tracker.render()
-            await anyio.sleep(interval)
+    if TYPE_CHECKING:
+        report: AsyncReport[JobReport]

@@ -7,16 +7,13 @@ A single job's report is `client.jobs.report(id)`; an evaluation's is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
-from typing import Any, Optional, Union, overload
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-try:
-    from typing import Literal
-except ImportError:  # pragma: no cover
-    from typing_extensions import Literal  # type: ignore[assignment]
-
-from .._resource import AsyncAPIResource, PathLike, SyncAPIResource, report_options
+from .._methods import CompareMethod, endpoint
+from .._resource import APIResource, AsyncAPIResource, PathLike, SyncAPIResource, report_options
+from .._steps import Steps
 from ..types import CompareMetric, Comparison, ReportFormat
 
 __all__ = ["AsyncReports", "JobRefs", "Reports"]
@@ -49,95 +46,39 @@ def _compare_options(
     )
 
 
-class Reports(SyncAPIResource):
-    @overload
-    def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Literal["json"] = ...,
-        metric: Optional[Union[CompareMetric, str]] = ...,
-        file_id: Optional[str] = ...,
-        to: None = ...,
-    ) -> Comparison: ...
-    @overload
-    def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Literal["html"],
-        metric: Optional[Union[CompareMetric, str]] = ...,
-        file_id: Optional[str] = ...,
-        to: None = ...,
-    ) -> str: ...
-    @overload
-    def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Union[ReportFormat, str] = ...,
-        metric: Optional[Union[CompareMetric, str]] = ...,
-        file_id: Optional[str] = ...,
-        to: PathLike,
-    ) -> Path: ...
-    def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Union[ReportFormat, str] = "json",
-        metric: Optional[Union[CompareMetric, str]] = None,
-        file_id: Optional[str] = None,
-        to: Optional[PathLike] = None,
-    ) -> Union[Comparison, str, Path]:
-        """Compare jobs (ids or Job objects, up to 50) on `metric` (default lc_win_rate;
-        pass_at_1 for math), optionally only evaluations on `file_id`: a Comparison
-        (`format="json"`, rows in the order given), the HTML page with the bar chart as a
-        str (`format="html"`), or with `to=` written to that file and its Path returned.
-        NotFoundError names the first job that is not yours."""
-        opts = _compare_options(jobs, format, metric, file_id)
-        return self._report(opts, format, Comparison, to)
+class _Reports(APIResource):
+    if not TYPE_CHECKING:  # typed per twin below (the result depends on format and to)
+
+        @endpoint
+        def compare(
+            self,
+            *,
+            jobs: JobRefs,
+            format: Union[ReportFormat, str] = "json",
+            metric: Optional[Union[CompareMetric, str]] = None,
+            file_id: Optional[str] = None,
+            to: Optional[PathLike] = None,
+        ) -> Steps[Union[Comparison, str, Path]]:
+            """Compare jobs (ids or Job objects, up to 50) on `metric` (default lc_win_rate;
+            pass_at_1 for math), optionally only evaluations on `file_id`: a Comparison
+            (`format="json"`, rows in the order given), the HTML page with the bar chart as
+            a str (`format="html"`), or with `to=` written to that file and its Path
+            returned. NotFoundError names the first job that is not yours."""
+            opts = _compare_options(jobs, format, metric, file_id)
+            return (yield from self._report(opts, format, Comparison, to))
 
 
-class AsyncReports(AsyncAPIResource):
-    @overload
-    async def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Literal["json"] = ...,
-        metric: Optional[Union[CompareMetric, str]] = ...,
-        file_id: Optional[str] = ...,
-        to: None = ...,
-    ) -> Comparison: ...
-    @overload
-    async def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Literal["html"],
-        metric: Optional[Union[CompareMetric, str]] = ...,
-        file_id: Optional[str] = ...,
-        to: None = ...,
-    ) -> str: ...
-    @overload
-    async def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Union[ReportFormat, str] = ...,
-        metric: Optional[Union[CompareMetric, str]] = ...,
-        file_id: Optional[str] = ...,
-        to: PathLike,
-    ) -> Path: ...
-    async def compare(
-        self,
-        *,
-        jobs: JobRefs,
-        format: Union[ReportFormat, str] = "json",
-        metric: Optional[Union[CompareMetric, str]] = None,
-        file_id: Optional[str] = None,
-        to: Optional[PathLike] = None,
-    ) -> Union[Comparison, str, Path]:
-        """See Reports.compare."""
-        opts = _compare_options(jobs, format, metric, file_id)
-        return await self._report(opts, format, Comparison, to)
+class Reports(_Reports, SyncAPIResource):
+    """`client.reports`: compare."""
+
+    if TYPE_CHECKING:
+        compare: CompareMethod[Comparison, str, Path]
+
+
+class AsyncReports(_Reports, AsyncAPIResource):
+    """`aclient.reports`: compare, awaited."""
+
+    if TYPE_CHECKING:
+        compare: CompareMethod[
+            Coroutine[Any, Any, Comparison], Coroutine[Any, Any, str], Coroutine[Any, Any, Path]
+        ]
