@@ -1,1 +1,23 @@
-"""Humanline trainer: losses, recipes and checkpoints for DPO/KTO/GRPO and their humanline variants."""
+"""Humanline trainer: DPO/KTO/GRPO and their humanline variants, on the torch stack.
+
+Imports the torch stack, contract/ (the spec, the data formats, the run-directory protocol)
+and reports/ (statistics, the code version); the service never imports it: a worker starts
+`python -m trainer run SPEC --out DIR` (and `python -m trainer.evaluation run`).
+
+    train           the one training loop (accelerate): setup, resume, steps, checkpoints, export
+    plan            the batch order, a pure function of the seed
+    reference       the reference log-probs: lookahead (humanline sync) or a frozen model
+    losses/         one loss per objective; humanline clipping/sampling applied once
+    recipes/        per objective: examples → rows → loss (`make_recipe` chooses)
+    tokenize, logps chat rendering and collation; per-token log-probs
+    datastore       training examples' token ids, memory-mapped (files streamed, not held)
+    online/         online rounds: sample, score, keep pairs/groups (paper, Algorithm 1)
+    sampling/       vLLM or transformers `generate` behind one interface
+    rewards/        the registered reward sources (math-verify, format, a reward model, ...)
+    modeling/       model sources, policy loading (full or LoRA), the exported model card
+    distributed     DDP or FSDP2 behind one interface
+    checkpoint      save/load every state a resume needs; runlog the run directory's files
+    quality         the data-quality score at step 0; seeds every random stream, derived once
+    prompts, synthetic   small data sets the repo generates itself (demo, tests)
+    evaluation/     instruction (pairwise judge) and math (pass@1) evaluations of a model
+"""

@@ -6,6 +6,10 @@ Layout: `OUT/checkpoints/step-N/` holding `weights.safetensors` (adapter or full
 `scheduler.pt`, `rank-R.pt` (RNG + reference cache, one per process), `state.json` and
 `spec.json`. A checkpoint is written under `step-N.tmp/` and renamed when every file is on
 disk, so a directory named `step-N` is always complete (a crash leaves only a `.tmp`).
+
+Weights and optimizer state come from the run's `Parallel` (trainer.distributed): under FSDP
+the weights are gathered for rank 0 to write in this same file, and each rank writes its own
+shard of the optimizer state as `optimizer-rank-R.pt` instead of `optimizer.pt`.
 """
 
 from __future__ import annotations
@@ -20,8 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-
-from trainer.modeling import load_trainable_state_dict, trainable_state_dict
 
 
 @dataclass
@@ -47,7 +49,11 @@ def latest(out_dir: Path) -> Checkpoint | None:
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -61,7 +67,20 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, reference, data, spec_json: str, extra: dict) -> Checkpoint:
+def save(
+    out_dir: Path,
+    step: int,
+    *,
+    accelerator,
+    parallel,
+    model,
+    optimizer,
+    scheduler,
+    reference,
+    data,
+    spec_json: str,
+    extra: dict,
+) -> Checkpoint:
     """Collective: every process calls it. Returns the final directory."""
     final = checkpoint_dir(out_dir) / f"step-{step}"
     tmp = final.with_name(final.name + ".tmp")
@@ -72,13 +91,19 @@ def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, 
     rank = accelerator.process_index
     mine = {"rng": _rng_state(), "reference": reference.state_dict(), "data": data.state_dict()}
     torch.save(mine, tmp / f"rank-{rank}.pt")
+    weights = parallel.trainable_state(model)  # collective; None except on rank 0
+    parallel.save_optimizer(optimizer, tmp)  # optimizer.pt, or one shard per rank (FSDP)
     if accelerator.is_main_process:
-        weights = {k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(accelerator.unwrap_model(model)).items()}
+        weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
         save_file(weights, tmp / "weights.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "spec.json").write_text(spec_json)
-        state = {"step": step, "world_size": accelerator.num_processes, **extra}
+        state = {
+            "step": step,
+            "world_size": accelerator.num_processes,
+            "parallelism": parallel.name,
+            **extra,
+        }
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -91,7 +116,9 @@ def save(out_dir: Path, step: int, *, accelerator, model, optimizer, scheduler, 
     return Checkpoint(step, final)
 
 
-def load(ckpt: Checkpoint, *, accelerator, model, optimizer, scheduler, reference, data) -> dict:
+def load(
+    ckpt: Checkpoint, *, accelerator, parallel, model, optimizer, scheduler, reference, data
+) -> dict:
     """Restore everything `save` wrote; returns state.json."""
     state = json.loads((ckpt.path / "state.json").read_text())
     if state["world_size"] != accelerator.num_processes:
@@ -99,8 +126,13 @@ def load(ckpt: Checkpoint, *, accelerator, model, optimizer, scheduler, referenc
             f"checkpoint {ckpt.path} was written by {state['world_size']} processes; "
             f"resume with the same number (got {accelerator.num_processes})"
         )
-    load_trainable_state_dict(accelerator.unwrap_model(model), load_file(ckpt.path / "weights.safetensors"))
-    optimizer.load_state_dict(torch.load(ckpt.path / "optimizer.pt", weights_only=False))
+    if state.get("parallelism", "ddp") != parallel.name:  # their optimizer layouts differ
+        raise ValueError(
+            f"checkpoint {ckpt.path} was written with parallelism "
+            f"{state.get('parallelism', 'ddp')!r}; resume with the same (got {parallel.name!r})"
+        )
+    parallel.load_trainable_state(model, load_file(ckpt.path / "weights.safetensors"))
+    parallel.load_optimizer(optimizer, ckpt.path)
     scheduler.load_state_dict(torch.load(ckpt.path / "scheduler.pt", weights_only=False))
     mine = torch.load(ckpt.path / f"rank-{accelerator.process_index}.pt", weights_only=False)
     reference.load_state_dict(mine["reference"])

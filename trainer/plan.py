@@ -12,6 +12,8 @@ from functools import lru_cache
 
 import torch
 
+from trainer.seeds import derive_seed
+
 
 @dataclass(frozen=True)
 class MicroBatch:
@@ -32,12 +34,14 @@ class BatchPlan:
     def __post_init__(self) -> None:
         if self.n_examples < self.global_batch:
             raise ValueError(
-                f"the dataset has {self.n_examples} usable examples, fewer than the batch "
-                f"size {self.global_batch}; lower batch_size or add data"
+                f"the dataset has {self.n_examples} usable training examples, fewer than the "
+                f"{self.global_batch} of one batch (batch_size in the objective's units); lower "
+                f"batch_size or add data"
             )
         if self.global_batch % (self.grad_accum * self.world):
             raise ValueError(
-                f"batch_size {self.global_batch} must be divisible by grad_accum × processes "
+                f"a batch of {self.global_batch} training examples (batch_size in the objective's "
+                f"units, GRPO groups counted once) must be divisible by grad_accum × processes "
                 f"({self.grad_accum} × {self.world})"
             )
 
@@ -70,11 +74,5 @@ class BatchPlan:
 
 @lru_cache(maxsize=4)
 def _permutation(n: int, seed: int, epoch: int) -> list[int]:
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    gen = torch.Generator().manual_seed(derive_seed(seed, "plan", epoch))
     return torch.randperm(n, generator=gen).tolist()
-
-
-def total_steps(n_examples: int, global_batch: int, epochs: int, max_steps: int | None) -> int:
-    if max_steps is not None:
-        return max_steps
-    return max(1, n_examples // global_batch) * epochs

@@ -46,7 +46,7 @@ def _add_sub(rng: random.Random) -> Problem:
     terms = [rng.randint(1, 99) for _ in range(rng.choice([2, 2, 3]))]
     ops = [rng.choice("+-") for _ in terms[1:]]
     expr, value = str(terms[0]), Fraction(terms[0])
-    for op, t in zip(ops, terms[1:]):
+    for op, t in zip(ops, terms[1:], strict=False):
         expr += f" {op} {t}"
         value += t if op == "+" else -t
     return f"What is {expr}?", value, "arithmetic", 1
@@ -164,7 +164,7 @@ def to_jsonl(records: list[dict]) -> str:
 def write(out_dir: Path = DATA_DIR) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "arithmetic_train.jsonl", out_dir / "arithmetic_eval.jsonl"]
-    for path, records in zip(paths, (train_records(), eval_records())):
+    for path, records in zip(paths, (train_records(), eval_records()), strict=False):
         path.write_text(to_jsonl(records))
     return paths
 

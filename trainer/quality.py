@@ -8,7 +8,7 @@ sits in that range or below.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,7 +38,7 @@ def data_quality(model: torch.nn.Module, batches: Sequence[TokenBatch]) -> dict:
     report = {
         "n": len(values),
         "mean": float(t.mean()),
-        "quantiles": dict(zip(["min", "q25", "median", "q75", "max"], q)),
+        "quantiles": dict(zip(["min", "q25", "median", "q75", "max"], q, strict=False)),
         "histogram": {"counts": hist.tolist(), "edges": edges.tolist()},
         "fraction_at_or_below_low_quartile": low,
         "low_quartile_top": LOW_QUARTILE_TOP,
@@ -53,7 +53,11 @@ def data_quality(model: torch.nn.Module, batches: Sequence[TokenBatch]) -> dict:
     return report
 
 
-def quality_batches(n: int, make: Callable[[list[int]], TokenBatch], sample: int, size: int = 8) -> list[TokenBatch]:
-    """The first `sample` examples (in dataset order) in batches of `size`."""
-    idx = list(range(min(n, sample)))
+def quality_batches(
+    n: int, make: Callable[[list[int]], TokenBatch], sample: int, seed: int, size: int = 8
+) -> list[TokenBatch]:
+    """`sample` examples drawn at random (seeded; all of them when there are fewer) in batches
+    of `size`: a file's first lines are often one source or one topic, not the whole file."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = sorted(torch.randperm(n, generator=gen)[: min(n, sample)].tolist())
     return [make(idx[i : i + size]) for i in range(0, len(idx), size)]

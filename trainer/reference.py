@@ -3,9 +3,10 @@
 - `none` with LoRA: the base model with the adapter switched off (torchtune's way): no copy.
 - `none` with full fine-tuning: a frozen copy of the initial weights (what every DPO
   implementation keeps; the cost offline training always pays).
-- `humanline` / `trust_region`, and every online run (any adapter): no reference model at all. At a sync point the
-  reference becomes the current weights, and the reference is only ever *used* on the next k
-  batches, whose order is known (trainer.plan). So at the sync point we score those k batches
+- `humanline` / `trust_region`, and every online run (any adapter): no reference model at all.
+  At a sync point the reference becomes the current weights, and the reference is only ever
+  *used* on the next k batches, whose order is known (trainer.plan). So at the sync point we
+  score those k batches
   with the current weights and keep just their per-token log-probs. Humanline calls `refresh`
   before `optimizer.step()` (reference = θ_s for steps s+1..s+k), trust-region after it. The
   cost is the one no-grad forward per batch that any reference costs, moved earlier; the
@@ -15,12 +16,14 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
-from trainer.logps import token_logps
+from contract.sync import SyncPolicy
+from trainer.logps import batch_logps
 from trainer.tokenize import TokenBatch
 
 BatchFn = Callable[[int, int], TokenBatch]  # (step, micro) -> this rank's micro-batch
@@ -45,45 +48,56 @@ def _scoring(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-class FrozenCopy:
-    def __init__(self, model: torch.nn.Module):
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+class _Fixed:
+    """A reference that never moves: nothing to sync, nothing to checkpoint."""
+
+    name: ClassVar[str]  # in the error a sync attempt raises
+
+    def refresh(self, step: int, until: int) -> None:
+        raise RuntimeError(f"{self.name} reference is never synced")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class FrozenCopy(_Fixed):
+    name = "a frozen"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        temperature: float = 1.0,
+        copy_model: Callable[[torch.nn.Module], torch.nn.Module] = copy.deepcopy,
+    ):
+        self.model = copy_model(model).eval().requires_grad_(False)
+        self.temperature = temperature
 
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
         with torch.no_grad():
-            return token_logps(self.model, batch)
-
-    def refresh(self, step: int, until: int) -> None:
-        raise RuntimeError("a frozen reference is never synced")
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
+            return batch_logps(self.model, batch, self.temperature)
 
 
-class AdapterOff:
-    def __init__(self, model: torch.nn.Module):
+class AdapterOff(_Fixed):
+    name = "an adapter-off"
+
+    def __init__(self, model: torch.nn.Module, temperature: float = 1.0):
         self.model = model  # the (unwrapped) PeftModel
+        self.temperature = temperature
 
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
         with _scoring(self.model), self.model.disable_adapter():
-            return token_logps(self.model, batch)
-
-    def refresh(self, step: int, until: int) -> None:
-        raise RuntimeError("an adapter-off reference is never synced")
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
+            return batch_logps(self.model, batch, self.temperature)
 
 
 class Lookahead:
-    def __init__(self, model: torch.nn.Module, batch_fn: BatchFn, accum: int):
+    def __init__(
+        self, model: torch.nn.Module, batch_fn: BatchFn, accum: int, temperature: float = 1.0
+    ):
         self.model, self.batch_fn, self.accum = model, batch_fn, accum
+        self.temperature = temperature
         self.cache: dict[tuple[int, int], torch.Tensor] = {}
 
     def refresh(self, step: int, until: int) -> None:
@@ -93,7 +107,9 @@ class Lookahead:
         with _scoring(self.model):
             for s in range(step + 1, until + 1):
                 for m in range(self.accum):
-                    self.cache[(s, m)] = token_logps(self.model, self.batch_fn(s, m))
+                    self.cache[(s, m)] = batch_logps(
+                        self.model, self.batch_fn(s, m), self.temperature
+                    )
 
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
         try:
@@ -113,12 +129,20 @@ class Lookahead:
 
 
 def make_reference(
-    sync: str, online: bool, model: torch.nn.Module, unwrapped: torch.nn.Module, lora: bool, **lookahead
+    policy: SyncPolicy,
+    model: torch.nn.Module,
+    unwrapped: torch.nn.Module,
+    lora: bool,
+    temperature: float = 1.0,
+    copy_model: Callable[[torch.nn.Module], torch.nn.Module] = copy.deepcopy,
+    **lookahead,
 ) -> Reference:
-    """The one place the reference strategy is chosen (see the module docstring). Online runs
-    always look ahead: their reference is reset to the policy at every round's start."""
-    if online or sync in ("humanline", "trust_region"):
-        return Lookahead(model, **lookahead)
+    """The one place the reference strategy is chosen (see the module docstring): a reference
+    that moves (synced, or online: reset at every round's start) looks ahead."""
+    if policy.moves:
+        return Lookahead(model, temperature=temperature, **lookahead)
     if lora:
-        return AdapterOff(unwrapped)
-    return FrozenCopy(unwrapped)
+        return AdapterOff(unwrapped, temperature)
+    return FrozenCopy(
+        unwrapped, temperature, copy_model
+    )  # FSDP: a sharded copy (trainer.distributed)

@@ -50,7 +50,7 @@ def preference_records(n: int, seed: int = 0) -> list[dict]:
 def unpaired_records(n: int, seed: int = 0) -> list[dict]:
     """n {prompt, completion, label} records, alternating desirable and undesirable."""
     out = []
-    for i, rec in enumerate(preference_records((n + 1) // 2, seed)):
+    for _i, rec in enumerate(preference_records((n + 1) // 2, seed)):
         out.append({"prompt": rec["prompt"], "completion": rec["chosen"], "label": True})
         out.append({"prompt": rec["prompt"], "completion": rec["rejected"], "label": False})
     return out[:n]

@@ -1,4 +1,4 @@
-"""Turn normalised records (trainer.spec.data) into token ids, and token ids into tensors.
+"""Turn normalised records (contract.data) into token ids, and token ids into tensors.
 
 Every prompt goes through the tokenizer's chat template (a plain-string prompt becomes one
 user turn), so training sees exactly what the served model sees. The completion's tokens are
@@ -9,8 +9,9 @@ completions their tail; an example whose completion would be empty is dropped an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -121,6 +122,9 @@ class TokenBatch:
     labels: torch.Tensor  # [N, T] the token each kept position predicts
     mask: torch.Tensor  # [N, T] 1.0 on completion tokens
     prefix: SharedPrefix | None = None
+    # Rows the policy scores without a graph (KTO's mismatched pairs, trainer.logps.batch_logps);
+    # the reference scores them like any other row.
+    aux: TokenBatch | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -128,9 +132,19 @@ class TokenBatch:
 
     @property
     def seq_tokens(self) -> int:
-        """Prompt + completion tokens of all rows, however they are run."""
+        """Prompt + completion tokens of all rows (aux rows included), however they are run."""
         shared = int(self.prefix.lengths.sum()) if self.prefix is not None else 0
-        return int(self.attention_mask.sum()) + shared
+        aux = self.aux.seq_tokens if self.aux is not None else 0
+        return int(self.attention_mask.sum()) + shared + aux
+
+    def row_mask(self) -> torch.Tensor:
+        """[N + M, W] completion mask of the rows and then the aux rows (see batch_logps)."""
+        if self.aux is None:
+            return self.mask
+        width = max(self.mask.shape[1], self.aux.mask.shape[1])
+        def pad(m):
+            return torch.nn.functional.pad(m, (0, width - m.shape[1]))
+        return torch.cat([pad(self.mask), pad(self.aux.mask)])
 
 
 def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,15 +157,20 @@ def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, attn
 
 
-def collate(seqs: Sequence[TokenSeq], pad_id: int, share_prompts: bool = True) -> TokenBatch:
+def collate(seqs: Sequence[TokenSeq], pad_id: int, share_prompts: bool | str = True) -> TokenBatch:
     """Pad to the longest sequence; keep logits only from the earliest completion onwards.
 
     Computing the output layer only where some row has a completion token saves most of the
     prompt's (vocab-sized) logits, the largest activation of a small model. Rows that share a
-    prompt share one prefix pass (see SharedPrefix).
+    prompt share one prefix pass (see SharedPrefix). `share_prompts="always"` takes the
+    two-pass layout even when no prompt repeats, so every batch runs the same number of
+    forwards (FSDP: forwards are collective, trainer.distributed).
     """
     prompts = list(dict.fromkeys(s.prompt_ids for s in seqs))
-    if share_prompts and len(prompts) < len(seqs) and min(len(p) for p in prompts) >= 2:
+    always = share_prompts == "always"
+    if always and min(len(p) for p in prompts) < 2:
+        raise ValueError("a prompt of fewer than 2 tokens cannot take the shared-prefix layout")
+    if share_prompts and (always or len(prompts) < len(seqs)) and min(len(p) for p in prompts) >= 2:
         return _collate_shared(seqs, prompts, pad_id)
     ids, attn = _pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
     is_completion = torch.zeros_like(attn, dtype=torch.bool)
@@ -166,7 +185,8 @@ def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int) -> Tok
     slot = {p: i for i, p in enumerate(prompts)}
     pre_ids, pre_attn = _pad([p[:-1] for p in prompts], pad_id)
     prefix = SharedPrefix(
-        pre_ids, pre_attn,
+        pre_ids,
+        pre_attn,
         index=torch.tensor([slot[s.prompt_ids] for s in seqs], dtype=torch.long),
         lengths=torch.tensor([len(s.prompt_ids) - 1 for s in seqs], dtype=torch.long),
     )

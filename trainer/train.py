@@ -4,36 +4,44 @@ clip, humanline sync, update) with logging, checkpoints and stop requests (`Trai
 export.
 
 Built on accelerate, so the same code runs in one CPU process, under
-`accelerate launch --num_processes 2 --cpu` (DDP) and on GPUs.
+`accelerate launch --num_processes 2 --cpu` (DDP, or FSDP2 when `spec.parallelism` says so:
+trainer.distributed) and on GPUs.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections import defaultdict
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from accelerate import Accelerator, DistributedType
+from accelerate import Accelerator
 from accelerate.state import AcceleratorState
+from accelerate.utils import DistributedDataParallelKwargs, gather_object
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from contract.data import JsonlReader
+from contract.spec import JobSpec
+from reports.version import code_version
 from trainer import checkpoint
-from trainer.logps import token_logps
-from trainer.modeling import load_policy, load_tokenizer, resolve_model, save_pretrained_weights
+from trainer.datastore import store_examples
+from trainer.distributed import make_parallel
+from trainer.logps import batch_logps
+from trainer.modeling import load_policy, load_tokenizer, resolve_model
+from trainer.modeling.card import finish_export
 from trainer.online.rounds import OfflineData, OnlineData
-from trainer.plan import BatchPlan, total_steps
+from trainer.plan import BatchPlan
 from trainer.quality import data_quality, quality_batches
 from trainer.recipes import LossContext, make_recipe
-from trainer.reference import Lookahead, make_reference
-from trainer.runlog import RunLog
-from trainer.spec.data import read_jsonl
-from trainer.spec.job import JobSpec
+from trainer.reference import make_reference
+from trainer.runlog import ProgressEvents, RunLog
+from trainer.seeds import derive_seed
 from trainer.tokenize import ChatTokenizer, TokenBatch, collate
 
 
@@ -58,15 +66,21 @@ def _accelerator(on_gpu: bool, mixed: str) -> Accelerator:
     """accelerate keeps one state per process and refuses another precision once it is set;
     a process that trains again in another precision (a test session, a benchmark) starts
     that state afresh. The distributed set-up (PartialState) is kept."""
+    # No buffer broadcast on every DDP forward: the model's buffers (rotary frequencies) never
+    # change, and the broadcast is a collective, so ranks whose steps run different numbers of
+    # forwards (shared prompts, KTO's mismatched rows, lookahead scoring) would deadlock.
+    handlers = [DistributedDataParallelKwargs(broadcast_buffers=False)]
     try:
-        return Accelerator(cpu=not on_gpu, mixed_precision=mixed)
+        return Accelerator(cpu=not on_gpu, mixed_precision=mixed, kwargs_handlers=handlers)
     except ValueError:
         AcceleratorState._reset_state()
-        return Accelerator(cpu=not on_gpu, mixed_precision=mixed)
+        return Accelerator(cpu=not on_gpu, mixed_precision=mixed, kwargs_handlers=handlers)
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True):
+    def __init__(
+        self, spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True
+    ):
         # ---- setup -------------------------------------------------------------------------
         self.spec, self.progress = spec, progress
         self.out_dir = Path(out_dir)
@@ -74,80 +88,142 @@ class Trainer:
         # fp32 master weights; the forward autocasts to bf16 (GPU or CPU) or fp16 (GPU only;
         # CPUs have no fast fp16 kernels) as the spec asks (see load_policy)
         on_gpu = torch.cuda.is_available()
-        mixed = spec.precision if spec.precision == "bf16" or (on_gpu and spec.precision == "fp16") else "no"
+        mixed = (
+            spec.precision
+            if spec.precision == "bf16" or (on_gpu and spec.precision == "fp16")
+            else "no"
+        )
         self.accelerator = acc = _accelerator(on_gpu, mixed)
         self.log = RunLog(self.out_dir, enabled=acc.is_main_process)
         if spec.precision == "fp16" and not on_gpu:
             self.log.event("warning", "precision fp16 needs a GPU; training in fp32 on the CPU")
         _seed_everything(spec.seed)
 
+        self.log.event("progress", "loading the model", phase="loading_model")
         self.model_dir = resolve_model(spec.base_model)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
+        self.total: int  # optimizer steps of the whole run, set with the data
         self.data = self._load_data(spec)
 
         model = load_policy(spec, self.model_dir)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        # DDP (accelerate) or FSDP2 (sharded in place, so the optimizer is made afterwards)
+        self.parallel = make_parallel(spec.parallelism, acc)
+        self.unwrapped = model
+        self.model = self.parallel.wrap(model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         o = spec.optim
-        optimizer = torch.optim.AdamW(self.params, lr=spec.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                                      fused=True)  # one kernel per step: 4x faster than foreach on CPU
-        self.scheduler = get_scheduler(o.schedule, optimizer, num_warmup_steps=int(o.warmup_ratio * self.total),
-                                       num_training_steps=self.total)
+        optimizer = torch.optim.AdamW(
+            self.params,
+            lr=spec.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            fused=True,
+        )  # one kernel per step: 4x faster than foreach on CPU
+        # warm-up then constant by default, as the authors' code runs (contract.spec.OptimConfig)
+        self.scheduler = get_scheduler(
+            o.schedule,
+            optimizer,
+            num_warmup_steps=int(o.warmup_ratio * self.total),
+            num_training_steps=self.total,
+        )
+        self.optimizer = self.parallel.wrap_optimizer(optimizer)
         # The reference is made before any update: a frozen copy, if one is needed at all,
         # holds the initial weights.
-        self.unwrapped = model
-        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.sync = spec.sync_policy  # every sync decision below asks this (contract.sync)
         self.reference = make_reference(
-            spec.sync, spec.data_source == "online", self.model, model, spec.adapter.kind == "lora",
-            batch_fn=self.batch_for, accum=spec.grad_accum,
+            self.sync,
+            self.model,
+            model,
+            spec.adapter.kind == "lora",
+            spec.logps_temperature,
+            copy_model=self.parallel.frozen_copy,
+            batch_fn=self.batch_for,
+            accum=spec.grad_accum,
         )
         self.humanline = spec.humanline_params if spec.humanline else None
         self._batches: dict[tuple[int, int], TokenBatch] = {}
-        # One pass per shared prompt (trainer.tokenize.SharedPrefix) calls the model twice per
-        # backward; that is verified for one process and DDP, not yet under FSDP.
-        self.share_prompts = acc.distributed_type != DistributedType.FSDP
+        # One pass per shared prompt (trainer.tokenize.SharedPrefix); under FSDP every batch
+        # takes that layout, so all ranks run the same (collective) forwards.
+        self.share_prompts = self.parallel.share_prompts
 
         # ---- resume, or step 0 ----------------------------------------------------------------
         self.start = 0
         last = checkpoint.latest(self.out_dir) if resume else None
         if last is not None:
-            checkpoint.load(last, accelerator=acc, model=self.model, optimizer=self.optimizer,
-                            scheduler=self.scheduler, reference=self.reference, data=self.data)
+            checkpoint.load(last, **self._state())
             self.start = last.step
             self.log.truncate_metrics(self.start)
             self.log.event("resumed", f"resumed from step {self.start}", step=self.start)
         else:
-            if spec.quality_sample and spec.data_source == "offline" and acc.is_main_process:
+            # scored on rank 0; on every rank when forwards are collective (FSDP)
+            if (
+                spec.quality_sample
+                and spec.data_source == "offline"
+                and (acc.is_main_process or self.parallel.collective_forward)
+            ):
+                self.log.event("progress", "scoring the data's quality", phase="scoring_data")
                 self._data_quality()
             acc.wait_for_everyone()
-            if isinstance(self.reference, Lookahead) and spec.data_source == "offline":
+            if self.sync.moves and spec.data_source == "offline":
                 self._refresh_reference(0)  # steps 1..k use the initial weights as reference
         self.model.train()
 
     def _load_data(self, spec: JobSpec) -> OfflineData | OnlineData:
-        fmt, records = read_jsonl(spec.training_file)
+        # Read and tokenised a record at a time, the tokens kept in a memory-mapped file
+        # (trainer.datastore): the file is never held whole. Same examples, same order.
+        reader = JsonlReader(spec.training_file)
+        fmt = reader.first()
         acc = self.accelerator
         if spec.data_source == "online":
             if fmt not in spec.training_formats:
                 raise ValueError(f"online jobs sample from prompt files, got {fmt}")
-            self.total = spec.max_steps  # type: ignore[assignment]  (required for online)
-            data = OnlineData(spec, self.recipe, self.chat, records, acc, self.total)
-            self.log.event("data", f"{len(data.records)} prompts ({fmt}) for online sampling", skipped=data.skipped)
+            assert spec.max_steps is not None  # JobSpec requires it of online jobs
+            self.total = spec.max_steps
+            data = OnlineData(
+                spec, self.recipe, self.chat, reader, acc, self.total, directory=self.out_dir
+            )
+            self.log.event(
+                "data",
+                f"{len(data.records)} prompts ({fmt}) for online sampling",
+                skipped=data.skipped,
+            )
             if data.skipped:
-                self.log.event("warning", f"{data.skipped} prompts longer than max_prompt_length are not sampled")
+                self.log.event(
+                    "warning",
+                    f"{data.skipped} prompts longer than max_prompt_length are not sampled",
+                )
             return data
         if fmt not in spec.training_formats:
-            raise ValueError(f"{spec.objective.name} trains on {' or '.join(spec.training_formats)} data, got {fmt}")
-        examples = self.recipe.build(fmt, records, self.chat)
+            raise ValueError(
+                f"{spec.objective.name} trains on {' or '.join(spec.training_formats)} data, "
+                f"got {fmt}"
+            )
+        store = store_examples(self.recipe, fmt, reader, self.chat, self.out_dir)
+        examples = store.examples()
         report = self.chat.report.as_dict()
-        self.log.event("data", f"{len(examples)} training examples from {len(records)} {fmt} records", **report)
+        self.log.event(
+            "data",
+            f"{len(examples)} training examples from {reader.records} {fmt} records",
+            **report,
+        )
         if self.chat.report.any:
-            self.log.event("warning", "some examples were truncated or dropped to fit max_length", **report)
-        self.total = total_steps(len(examples), spec.global_batch_size, spec.epochs, spec.max_steps)
-        plan = BatchPlan(len(examples), spec.global_batch_size, spec.grad_accum,
-                         acc.num_processes, acc.process_index, spec.seed, self.total)
-        return OfflineData(examples, plan)
+            self.log.event(
+                "warning", "some examples were truncated or dropped to fit max_length", **report
+            )
+        self.total = spec.total_steps(len(examples))
+        plan = BatchPlan(
+            len(examples),
+            spec.examples_per_batch,
+            spec.grad_accum,
+            acc.num_processes,
+            acc.process_index,
+            spec.seed,
+            self.total,
+        )
+        return OfflineData(examples, plan, store)
 
     def _refresh_reference(self, step: int) -> None:
         """Current weights → reference of steps step+1 .. the next sync point, within the
@@ -155,17 +231,24 @@ class Trainer:
         end = self.data.segment_end(step + 1)
         if end <= step:
             return  # the next step opens a new round, whose start resets the reference
-        k = self.spec.humanline_params.sync_every
-        syncing = self.spec.sync in ("humanline", "trust_region")
-        until = min(end, (step // k + 1) * k) if syncing else end
         with self.accelerator.autocast():  # the reference sees the same precision as the policy
-            self.reference.refresh(step, until)
+            self.reference.refresh(step, self.sync.reach(step, end))
 
     def _begin_round(self, step: int) -> dict[str, float]:
         """Online: sample the round that starts at `step`; its reference is the policy now."""
-        stats = self.data.begin_round(step, self.unwrapped, self.model_dir, self.tokenizer)
-        self.log.event("round", f"round {int(stats['round/index'])}: {int(stats['round/examples'])} examples "
-                       f"from {int(stats['round/prompts'])} prompts", step=step, **stats)
+        data = self.data
+        assert isinstance(data, OnlineData)  # only online data asks for rounds (needs_round)
+        stats = data.begin_round(step, self.unwrapped, self.model_dir, self.tokenizer)
+        # The sampler as it started (engine, vLLM executor): on the round that started it.
+        sampler, data.sampler_started = data.sampler_started, {}
+        self.log.event(
+            "round",
+            f"round {int(stats['round/index'])}: {int(stats['round/examples'])} examples "
+            f"from {int(stats['round/prompts'])} prompts",
+            step=step,
+            **stats,
+            **({"sampler": sampler} if sampler else {}),
+        )
         self._refresh_reference(step - 1)
         return stats
 
@@ -177,15 +260,26 @@ class Trainer:
         """
         key = (step, micro)
         if key not in self._batches:
-            rows = self.recipe.rows(self.data.examples, self.data.micro(step, micro), self.chat)
-            self._batches[key] = collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
+            mb = self.data.micro(step, micro)
+            rows = self.recipe.rows(self.data.examples, mb, self.chat)
+            batch = collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
+            aux = self.recipe.no_grad_rows(self.data.examples, mb, self.chat)
+            if aux:
+                batch.aux = collate(aux, self.tokenizer.pad_token_id, self.share_prompts)
+            self._batches[key] = batch
         return self._batches[key]
 
     def _data_quality(self) -> None:
         pad = self.tokenizer.pad_token_id
         examples = self.data.examples
-        make = lambda idx: collate([s for i in idx for s in self.recipe.sequences(examples[i])], pad)  # noqa: E731
-        quality = data_quality(self.unwrapped, quality_batches(len(examples), make, self.spec.quality_sample))
+
+        def make(idx):
+            return collate([s for i in idx for s in self.recipe.sequences(examples[i])], pad)  # noqa: E731
+
+        seed = derive_seed(self.spec.seed, "quality")
+        quality = data_quality(
+            self.unwrapped, quality_batches(len(examples), make, self.spec.quality_sample, seed)
+        )
         self.log.write_json("data_quality.json", quality)
         if quality.get("warning"):
             self.log.event("warning", quality["warning"], data_quality_mean=quality["mean"])
@@ -193,7 +287,7 @@ class Trainer:
     # ---- one optimizer step ---------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
         spec, acc, accum = self.spec, self.accelerator, self.spec.grad_accum
-        world, k = acc.num_processes, spec.humanline_params.sync_every
+        world = acc.num_processes
         t0 = time.perf_counter()
         round_stats = self._begin_round(step) if self.data.needs_round(step) else {}
         micro = [self.data.micro(step, m) for m in range(accum)]
@@ -202,7 +296,7 @@ class Trainer:
         ctx = LossContext(humanline=self.humanline, length_normalize=spec.length_normalize)
         if self.humanline is not None and self.humanline.mode == "sample":
             # a per-step stream, so a resumed run draws the same Beta samples
-            seed = spec.seed * 1_000_003 + step * 131 + acc.process_index
+            seed = derive_seed(spec.seed, "humanline", step, acc.process_index)
             ctx.generator = torch.Generator(acc.device).manual_seed(seed)
         if self.recipe.token_level:  # DAPO: mean over every token of the global batch
             local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=acc.device)
@@ -211,52 +305,80 @@ class Trainer:
             ctx.kl_reduce = acc.gather
         sums: dict[str, float] = defaultdict(float)
         tokens = 0
-        for m, (mb, batch) in enumerate(zip(micro, batches)):
+        for m, (mb, batch) in enumerate(zip(micro, batches, strict=False)):
             with acc.autocast():  # the reference sees the same precision as the policy
                 ref = self.reference.logps(step, m, batch)
-            with acc.no_sync(self.model) if m < accum - 1 else nullcontext():
-                pol = token_logps(self.model, batch)
+            with self.parallel.accumulate(self.model, sync=m == accum - 1):
+                pol = batch_logps(self.model, batch, spec.logps_temperature)
                 out = self.recipe.loss(pol, ref, batch, mb, self.data.examples, ctx)
                 acc.backward(out.loss / accum)
             for name, value in out.metrics.items():
                 sums[name] += value / accum
             tokens += batch.seq_tokens
-        grad_norm = acc.clip_grad_norm_(self.params, spec.optim.max_grad_norm)
+        grad_norm = self.parallel.clip_grad_norm_(self.params, spec.optim.max_grad_norm)
         t_sync = time.perf_counter()
-        if spec.sync == "humanline" and step % k == 0:
+        if self.sync.before_update(step):
             self._refresh_reference(step)  # humanline: reference := θ_s, *before* the update
         t_sync = time.perf_counter() - t_sync
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if spec.sync == "trust_region" and step % k == 0:
+        if self.sync.after_update(step):
             self._refresh_reference(step)  # trust region: reference := θ_{s+1}, after the update
 
-        keys = sorted(sums)
-        reduced = acc.reduce(torch.tensor([sums[n] for n in keys], device=acc.device), "mean")
-        metrics = dict(zip(keys, reduced.tolist()))
+        # a metric may exist on some ranks only (KTO's rewards/chosen needs a desirable
+        # example): reduce over the union of names, each averaged where it exists
+        keys = sorted(set().union(*gather_object([sorted(sums)]))) if world > 1 else sorted(sums)
+        local = torch.tensor(
+            [[sums.get(n, 0.0), float(n in sums)] for n in keys], device=acc.device
+        )
+        reduced = acc.reduce(local.reshape(-1, 2), "sum").tolist()
+        metrics = {n: total / count for n, (total, count) in zip(keys, reduced, strict=False)}
         elapsed = time.perf_counter() - t0
-        metrics.update(grad_norm=float(grad_norm), lr=lr, step_time=elapsed, sync_time=t_sync,
-                       tokens_per_s=tokens * world / elapsed, **round_stats)
+        metrics.update(
+            grad_norm=float(grad_norm),
+            lr=lr,
+            step_time=elapsed,
+            sync_time=t_sync,
+            tokens_per_s=tokens * world / elapsed,
+            **round_stats,
+        )
         return metrics
 
     # ---- the run: steps, logging, checkpoints, stop requests, export ----------------------------
     def run(self) -> RunResult:
         spec, acc, log = self.spec, self.accelerator, self.log
-        log.event("started", f"training {spec.variant} {spec.objective.name} for {self.total} steps",
-                  total_steps=self.total, world_size=acc.num_processes)
-        bar = tqdm(total=self.total, initial=self.start, desc="train",
-                   disable=not (self.progress and acc.is_main_process))
-        status, step = "succeeded", self.start
+        # the resolved values, never "default": what this run actually uses (JobSpec.summary)
+        resolved = spec.summary(self.total)
+        message = (
+            f"training {spec.variant} {spec.objective.name} for {self.total} steps: "
+            + ", ".join(f"{k} {v}" for k, v in resolved.items() if v is not None)
+        )
+        log.event(
+            "started", message, world_size=acc.num_processes, device=acc.device.type, **resolved
+        )
+        if acc.is_main_process:
+            print(message, file=sys.stderr, flush=True)
+        bar = tqdm(
+            total=self.total,
+            initial=self.start,
+            desc="train",
+            disable=not (self.progress and acc.is_main_process),
+        )
+        status, step, metrics = "succeeded", self.start, {}
+        progress = ProgressEvents(log, self.start, self.total)
         for step in range(self.start + 1, self.total + 1):
             metrics = self.step(step)
             if step % spec.log_every == 0 or step == self.total:
                 log.metrics(step, metrics)
+            progress.after(step, metrics.get("loss"))
             bar.update(1)
             bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
             # every process must agree on stopping, or the collectives below would hang
-            stop = acc.reduce(torch.tensor(float(log.stop_requested()), device=acc.device), "sum") > 0
+            stop = (
+                acc.reduce(torch.tensor(float(log.stop_requested()), device=acc.device), "sum") > 0
+            )
             due = spec.checkpoint_every and step % spec.checkpoint_every == 0
             if due or stop or step == self.total:
                 self.save(step)
@@ -269,23 +391,46 @@ class Trainer:
 
         final_dir = None
         if status == "succeeded":
-            if acc.is_main_process:
-                final_dir = str(self.out_dir / "final")
-                save_pretrained_weights(acc.unwrap_model(self.model), self.tokenizer, Path(final_dir))
+            final_dir = str(self.out_dir / "final")
+            self.parallel.export(self.model, self.tokenizer, Path(final_dir))  # rank 0 writes
+            if acc.is_main_process:  # public base name and a model card (trainer.modeling.card)
+                finish_export(
+                    Path(final_dir), spec, steps=step, metrics=metrics, code_version=code_version()
+                )
+            final_dir = final_dir if acc.is_main_process else None
             acc.wait_for_everyone()
             log.event("finished", f"finished {self.total} steps", step=step)
         result = RunResult(status, step, self.total, final_dir)
         log.write_json("result.json", result.as_dict())
         acc.end_training()
+        self.parallel.close()
         return result
 
+    def _state(self) -> dict[str, Any]:
+        """What a checkpoint holds and a resume restores: the same objects both ways."""
+        return dict(
+            accelerator=self.accelerator,
+            parallel=self.parallel,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            reference=self.reference,
+            data=self.data,
+        )
+
     def save(self, step: int) -> None:
-        ck = checkpoint.save(self.out_dir, step, accelerator=self.accelerator, model=self.model,
-                             optimizer=self.optimizer, scheduler=self.scheduler, reference=self.reference, data=self.data,
-                             spec_json=self.spec.model_dump_json(indent=2), extra={"total_steps": self.total})
+        ck = checkpoint.save(
+            self.out_dir,
+            step,
+            **self._state(),
+            spec_json=self.spec.model_dump_json(indent=2),
+            extra={"total_steps": self.total},
+        )
         self.log.event("checkpoint", f"checkpoint at step {step}", step=step, path=str(ck.path))
 
 
-def train(spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RunResult:
+def train(
+    spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True
+) -> RunResult:
     """Run a spec to completion (or to a stop request) in `out_dir`."""
     return Trainer(spec, out_dir, resume=resume, progress=progress).run()

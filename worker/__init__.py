@@ -1,13 +1,19 @@
-"""The worker: runs training jobs that the API queued, as Celery tasks or in-process.
+"""The worker: runs the jobs and evaluations that the API queued, as Celery tasks or
+in-process.
 
-    api ──(job row committed, then run_job(job_id) on the broker)──> worker.tasks.run_job
-        └─> worker.runner.Runner.run(job_id): claim (guarded UPDATE) → fetch data and the
-            last checkpoint → `python -m trainer run` subprocess → tail its files into the DB,
-            upload checkpoints → finish
+    api ──(row committed, then run_job(job_id) on the broker)──> worker.tasks.run_job
+        └─> worker.runner.Runner.run(job_id) → one worker.attempt.LeasedAttempt:
+            claim (guarded UPDATE, models.leases) → prepare (data, last checkpoint) →
+            `python -m trainer run` subprocess → tail its files into the DB, upload
+            checkpoints (heartbeat and fence throughout) → conclude
 
-Modules: config (WorkerSettings), routing (which queue, how many processes, the trainer
-command line), tail (reading the trainer's JSONL files as they grow), runner (one job
-attempt), reaper (expired leases and lost messages), celery_app + tasks (Celery),
-embedded (BROKER_URL=memory://: a thread in the API process). No torch is imported here:
-training always runs in a subprocess.
+Modules: attempt (the one leased attempt: claim → prepare → subprocess → tail → conclude,
+heartbeat, fence, kill with the parent), runner (training's prepare and conclude), progress
+(a run's files into the DB and the store), evaluate (evaluation's prepare and conclude),
+job_evaluations (evaluations a spec names, created when its job succeeds), config
+(WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
+gpus (WORKER_GPUS and the placement check), tail (JSONL files as they grow), reaper
+(expired leases and lost messages), celery_app + tasks (Celery), embedded
+(BROKER_URL=memory://: a thread in the API process). No torch is imported here: training
+and evaluation always run in a subprocess.
 """

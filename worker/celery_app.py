@@ -33,19 +33,18 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from contract.tasks import CPU_QUEUE, GPU_QUEUE, RUN_EVALUATION, RUN_JOB, ingress_queue
 from models.db import make_engine, make_session_factory
 from models.tables import Evaluation, Job
 from worker.config import get_worker_settings
-from worker.reaper import EvaluationSweep, ReaperThread, reap_and_requeue
-from worker.routing import CPU_QUEUE, GPU_QUEUE, queue_for
+from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations
+from worker.routing import queue_for
 
 log = logging.getLogger("humanline.worker")
 
 settings = get_worker_settings()
-INGRESS_QUEUE = settings.CELERY_QUEUE or "celery"
+INGRESS_QUEUE = ingress_queue(settings.CELERY_QUEUE)
 QUEUE_NAMES = tuple(dict.fromkeys((INGRESS_QUEUE, CPU_QUEUE, GPU_QUEUE)))
-RUN_JOB = "worker.tasks.run_job"
-RUN_EVALUATION = "worker.tasks.run_evaluation"  # api.routes.evaluations sends it by name
 
 app = Celery("humanline", broker=settings.BROKER_URL, include=["worker.tasks"])
 app.conf.update(
@@ -107,6 +106,17 @@ def send_run_evaluation(sessions, evaluation_id: str) -> None:
 
 # --- the reaper thread of every worker process ----------------------------------------------
 
+
+def sweep(sessions) -> list[str]:
+    """One reaper sweep of jobs and evaluations, sending to their own queues."""
+    options: dict[str, Any] = {
+        "max_attempts": settings.MAX_JOB_ATTEMPTS,
+        "stale_queued_seconds": settings.STALE_QUEUED_SECONDS,
+    }
+    return reap_and_requeue(
+        sessions, lambda job_id: send_run_job(sessions, job_id), **options
+    ) + reap_evaluations(sessions, lambda eid: send_run_evaluation(sessions, eid), **options)
+
 _reaper: dict[str, Any] = {}
 
 
@@ -114,25 +124,7 @@ _reaper: dict[str, Any] = {}
 def _start_reaper(**_: Any) -> None:
     """Runs in the worker's main process once it consumes (solo and prefork alike)."""
     sessions = make_session_factory(make_engine(settings.DATABASE_URL))
-    evaluations = EvaluationSweep(
-        sessions,
-        lambda evaluation_id: send_run_evaluation(sessions, evaluation_id),
-        queued_seconds=settings.STALE_QUEUED_SECONDS,
-        running_seconds=settings.LEASE_SECONDS,
-    )
-
-    def sweep() -> list[str]:
-        return (
-            reap_and_requeue(
-                sessions,
-                lambda job_id: send_run_job(sessions, job_id),
-                max_attempts=settings.MAX_JOB_ATTEMPTS,
-                stale_queued_seconds=settings.STALE_QUEUED_SECONDS,
-            )
-            + evaluations()
-        )
-
-    thread = ReaperThread(sweep, settings.REAPER_SECONDS)
+    thread = ReaperThread(lambda: sweep(sessions), settings.REAPER_SECONDS)
     thread.start()
     _reaper["thread"] = thread
     log.info("reaper running every %.1fs", settings.REAPER_SECONDS)

@@ -11,9 +11,10 @@ import sys
 import uuid
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from models.settings import Settings
+from worker.gpus import parse_worker_gpus, worker_gpu_ids
 
 
 class WorkerSettings(Settings):
@@ -23,9 +24,10 @@ class WorkerSettings(Settings):
     )
     WORKER_GPUS: str = Field(
         "",
-        description="CUDA device ids this worker owns, e.g. '0,1,2,3' (a job uses all of "
-        "them unless its metadata says `gpus: N`); 'none' = CPU only, GPUs hidden; empty = "
-        "one process with the worker's own devices.",
+        description="The GPUs this worker owns (a job uses all of them unless its metadata "
+        "says `gpus: N`): 'all', 'count:N', 'ids:0,1,2,3'; 'none' = CPU only, GPUs hidden; "
+        "empty = one process with the worker's own devices. A bare number is refused "
+        "(worker.gpus).",
     )
     WORKER_CPU_MODELS: str = Field(
         "tiny-llama",
@@ -48,19 +50,26 @@ class WorkerSettings(Settings):
     KEEP_RUN_DIRS: bool = Field(
         False, description="Keep run directories after a job ends (debugging)."
     )
+    STOP_GRACE_SECONDS: float = Field(
+        300.0,
+        gt=0,
+        description="How long a trainer asked to stop (cancel, max_runtime, shutdown) may take "
+        "to reach its next step boundary and checkpoint before it is killed.",
+    )
     STDERR_TAIL_BYTES: int = Field(
         4000, ge=100, description="How much of a failed trainer's stderr goes into job.error."
     )
 
+    @field_validator("WORKER_GPUS")
+    @classmethod
+    def _check_worker_gpus(cls, value: str) -> str:
+        parse_worker_gpus(value)  # a worker with an ambiguous WORKER_GPUS does not start
+        return value
+
     @property
     def gpu_ids(self) -> list[str] | None:
-        """None: unset (inherit devices); []: CPU only; else the ids."""
-        value = self.WORKER_GPUS.strip()
-        if not value:
-            return None
-        if value.lower() in ("none", "cpu"):
-            return []
-        return [g.strip() for g in value.split(",") if g.strip()]
+        """None: unset (inherit devices); []: CPU only; else the ids (worker.gpus)."""
+        return worker_gpu_ids(parse_worker_gpus(self.WORKER_GPUS), self.TRAINER_PYTHON)
 
     @property
     def cpu_models(self) -> frozenset[str]:

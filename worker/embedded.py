@@ -3,14 +3,15 @@ process, with the same Runner as the Celery workers, plus the reaper. No broker,
 external services: SQLite and a local object store are enough.
 
     handle = worker.embedded.start(settings)   # api.cli serve does this
-    worker.embedded.enqueue(job_id)            # api.deps.EmbeddedQueue, after the commit
-    worker.embedded.enqueue_evaluation(eid)    # api.routes.evaluations, likewise
+    worker.embedded.enqueue(job_id)            # api.queues.EmbeddedQueue, after the commit
+    worker.embedded.enqueue_evaluation(eid)    # the same, for evaluations
     handle.stop()                              # asks a running trainer to checkpoint; the
                                                # job goes back to `queued`
 
-Jobs and evaluations run one at a time, in order. Ids enqueued before start() wait for it. At start the
-reaper also re-sends every queued job at once (a restarted server picks its queue up again);
-a job left `running` by a process that died is requeued when its lease expires.
+Jobs and evaluations run one at a time, in order. Ids enqueued before start() wait for it. At
+start the reaper also re-sends every queued job and evaluation at once (a restarted server picks
+its queue up again); one left `running` by a process that died is requeued when its lease
+expires.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from typing import Any
 
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from storage import open_store
 from worker.config import WorkerSettings, as_worker_settings
-from worker.reaper import EvaluationSweep, ReaperThread, reap_and_requeue
+from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations
 from worker.runner import Runner
 
 log = logging.getLogger("humanline.worker.embedded")
@@ -59,28 +61,19 @@ class EmbeddedWorker:
         )
         self.thread = threading.Thread(target=self._loop, name="humanline-embedded", daemon=True)
         self._first_sweep = True
-        self.evaluations = self._evaluation_sweep(settings.STALE_QUEUED_SECONDS)
         self.reaper = ReaperThread(self._sweep, settings.REAPER_SECONDS)
-
-    def _evaluation_sweep(self, queued_seconds: float) -> EvaluationSweep:
-        return EvaluationSweep(
-            self.sessions,
-            enqueue_evaluation,
-            queued_seconds=queued_seconds,
-            running_seconds=self.settings.LEASE_SECONDS,
-        )
 
     def _sweep(self) -> list[str]:
         # First sweep: everything queued is ours to (re)start; later ones only the stale.
         first, self._first_sweep = self._first_sweep, False
         stale = 1e-6 if first else self.settings.STALE_QUEUED_SECONDS
-        sent = reap_and_requeue(
-            self.sessions,
-            enqueue,
-            max_attempts=self.settings.MAX_JOB_ATTEMPTS,
-            stale_queued_seconds=stale,
+        options: dict[str, Any] = {
+            "max_attempts": self.settings.MAX_JOB_ATTEMPTS,
+            "stale_queued_seconds": stale,
+        }
+        return reap_and_requeue(self.sessions, enqueue, **options) + reap_evaluations(
+            self.sessions, enqueue_evaluation, **options
         )
-        return sent + (self._evaluation_sweep(1e-6) if first else self.evaluations)()
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -93,9 +86,7 @@ class EmbeddedWorker:
             kind, item_id = item
             try:
                 if kind == "evaluation":
-                    from worker.evaluate import run_evaluation
-
-                    outcome = run_evaluation(item_id, self.sessions, self.store, self.settings)
+                    outcome = self.runner.evaluate(item_id)
                 else:
                     outcome = self.runner.run(item_id)
                 log.info("%s %s: %s", kind, item_id, outcome)

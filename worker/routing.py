@@ -11,23 +11,24 @@ Process count of an attempt (`placement`):
      per process and the trainer refuses another count;
   2. else metadata `gpus` = N (N >= 1);
   3. else every GPU of the worker (WORKER_GPUS), or 1 process on a CPU worker.
-N > 1 runs `accelerate launch --num_processes N` (DDP). Devices: WORKER_GPUS="0,1,2,3" gives
-the trainer CUDA_VISIBLE_DEVICES = the first N of them; WORKER_GPUS=none sets it to "" (a CPU
+N > 1 runs N ranks (worker.launch: accelerate launch on GPUs, torchrun on CPUs). Devices:
+WORKER_GPUS=ids:0,1,2,3 (or all, count:N; worker.gpus) gives the trainer CUDA_VISIBLE_DEVICES
+= the first N of them, one distinct device per rank; WORKER_GPUS=none sets it to "" (a CPU
 worker on a GPU machine never grabs a GPU); unset, the trainer inherits the worker's devices
-and runs one process (the embedded server, a one-GPU box).
+and runs one process (the embedded server, a one-GPU box). worker.gpus.place_attempt checks
+the placement against the devices the trainer will see before it starts.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CPU_QUEUE = "cpu"
-GPU_QUEUE = "gpu"
-WORKER_QUEUES = (CPU_QUEUE, GPU_QUEUE)
+from contract.tasks import CPU_QUEUE, GPU_QUEUE, WORKER_QUEUES  # noqa: F401 (re-exported)
+from worker.launch import free_port, trainer_command  # noqa: F401  (argv: worker.launch)
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -95,58 +96,20 @@ def placement(
     if worker_gpus is None:
         if n > 1:
             raise PlacementError(
-                f"the job needs {n} processes ({why} {n}); set WORKER_GPUS to the GPU ids "
-                "this worker may use"
+                f"the job needs {n} processes ({why} {n}); set WORKER_GPUS (all, count:N or "
+                "ids:...) to the GPUs this worker may use"
             )
         return Placement(1)
     if worker_gpus:
         if n > len(worker_gpus):
             raise PlacementError(
                 f"the job needs {n} GPUs ({why} {n} processes); this worker has "
-                f"{len(worker_gpus)} (WORKER_GPUS={','.join(worker_gpus)})"
+                f"{len(worker_gpus)} (GPU ids {','.join(worker_gpus)})"
             )
         return Placement(n, tuple(worker_gpus[:n]))
     if asked and resume_world_size is None:
         raise PlacementError(f"the job asks for {asked} GPUs; this worker has none")
     return Placement(n, cpu=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def trainer_command(
-    python: str,
-    spec_path: Path,
-    run_dir: Path,
-    *,
-    resume: bool,
-    place: Placement,
-    main_process_port: int | None = None,
-) -> list[str]:
-    """argv of one attempt: `python -m trainer run ...`, or under `accelerate launch` for
-    more than one process (each job gets its own rendezvous port, so two multi-GPU jobs on
-    one machine do not collide on accelerate's default 29500)."""
-    run = ["-m", "trainer", "run", str(spec_path), "--out", str(run_dir), "--no-progress"]
-    if resume:
-        run.append("--resume")
-    if place.num_processes == 1:
-        return [python, *run]
-    launch = [
-        python, "-m", "accelerate.commands.launch",
-        "--num_processes", str(place.num_processes),
-        "--num_machines", "1",
-        "--main_process_port", str(main_process_port or free_port()),
-        "--mixed_precision", "no",  # the spec's precision is applied by the trainer itself
-        "--dynamo_backend", "no",
-    ]  # fmt: skip
-    if place.gpu_ids:
-        launch.append("--multi_gpu")  # devices: CUDA_VISIBLE_DEVICES (trainer_env)
-    else:
-        launch.append("--cpu")
-    return [*launch, *run]
 
 
 def trainer_env(place: Placement, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -6,10 +6,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from celery.worker import state as worker_state
 
+from contract.tasks import REAP
 from models.db import make_engine, make_session_factory
 from storage import open_store
 from worker.celery_app import (
@@ -21,8 +24,8 @@ from worker.celery_app import (
     send_run_evaluation,
     send_run_job,
     settings,
+    sweep,
 )
-from worker.reaper import reap_and_requeue
 from worker.runner import Runner
 
 __all__ = ["app", "reap", "run_evaluation", "run_job"]
@@ -52,49 +55,46 @@ def runner() -> Runner:
     )
 
 
-@app.task(name=RUN_JOB, bind=True)
-def run_job(self, job_id: str) -> str | None:
-    """Run one job; safe to deliver twice. Forwarded once if it arrived on another queue
-    than the job's own (the API sends everything to the ingress queue)."""
-    r = runner()
-    delivered_on = (self.request.delivery_info or {}).get("routing_key")
-    target = job_queue(r.sessions, job_id)
+def _run_here_or_forward(
+    task: Any, name: str, kind: str, row_id: str, target: str | None, run: Callable[[str], Any]
+) -> str | None:
+    """Run `row_id` if it arrived on its own queue, else forward it there once (the API
+    sends everything to the ingress queue; a row's route never changes, so it cannot bounce)."""
+    delivered_on = (task.request.delivery_info or {}).get("routing_key")
     if target is None:
-        log.warning("run_job: no job %s", job_id)
+        log.warning("%s: no %s %s", name, kind, row_id)
         return None
     if delivered_on and delivered_on != target:
-        app.send_task(RUN_JOB, args=[job_id], queue=target)
-        log.info("job %s forwarded from queue %s to %s", job_id, delivered_on, target)
+        app.send_task(name, args=[row_id], queue=target)
+        log.info("%s %s forwarded from queue %s to %s", kind, row_id, delivered_on, target)
         return f"forwarded:{target}"
-    return r.run(job_id)
+    return run(row_id)
+
+
+@app.task(name=RUN_JOB, bind=True)
+def run_job(self, job_id: str) -> str | None:
+    """A wake-up for this worker: run the fairest claimable job of the queue `job_id` is
+    routed to (models.scheduling; the job itself when its worker died). Returns at once when
+    nothing is claimable (the team at its limit, the job taken): never holds the slot."""
+    r = runner()
+    target = job_queue(r.sessions, job_id)
+    return _run_here_or_forward(
+        self, RUN_JOB, "job", job_id, target, lambda row_id: r.run(row_id, queue=target)
+    )
 
 
 @app.task(name=RUN_EVALUATION, bind=True)
 def run_evaluation(self, evaluation_id: str) -> str | None:
-    """Run one evaluation (worker.evaluate); safe to deliver twice; forwarded like run_job."""
-    from worker import evaluate
-
+    """Run one evaluation (worker.evaluate); safe to deliver twice."""
     r = runner()
-    delivered_on = (self.request.delivery_info or {}).get("routing_key")
     target = evaluation_queue(r.sessions, evaluation_id)
-    if target is None:
-        log.warning("run_evaluation: no evaluation %s", evaluation_id)
-        return None
-    if delivered_on and delivered_on != target:
-        app.send_task(RUN_EVALUATION, args=[evaluation_id], queue=target)
-        log.info("evaluation %s forwarded from queue %s to %s", evaluation_id, delivered_on, target)
-        return f"forwarded:{target}"
-    return evaluate.run_evaluation(evaluation_id, r.sessions, r.store, settings)
+    return _run_here_or_forward(
+        self, RUN_EVALUATION, "evaluation", evaluation_id, target, r.evaluate
+    )
 
 
-@app.task(name="worker.tasks.reap")
+@app.task(name=REAP)
 def reap() -> list[str]:
     """The reaper sweep as a task, for a Celery beat schedule (the worker threads do the
     same without beat)."""
-    r = runner()
-    return reap_and_requeue(
-        r.sessions,
-        lambda job_id: send_run_job(r.sessions, job_id),
-        max_attempts=settings.MAX_JOB_ATTEMPTS,
-        stale_queued_seconds=settings.STALE_QUEUED_SECONDS,
-    )
+    return sweep(runner().sessions)

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.spec import JobSpec
 from trainer.modeling import load_policy, load_tokenizer, load_trainable_state_dict, resolve_model
-from trainer.spec.job import JobSpec
+from trainer.sampling import Engine
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class Generator:
         tokenizer: Any,
         model_dir: Path,
         *,
-        engine: str = "hf",
+        engine: Engine = "hf",
         max_batch_rows: int = 16,
     ):
         from trainer.sampling import make_sampler

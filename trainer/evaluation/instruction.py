@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from reports.stats import length_controlled_win_rate, mean_se, win_rate
 from trainer.evaluation.judges import Pair, PairwiseJudge
-from trainer.evaluation.stats import length_controlled_win_rate, mean_se, win_rate
 
 GenerateFn = Callable[..., list[list[Any]]]
 ORDERS = ("model_first", "reference_first")
@@ -45,7 +45,7 @@ def evaluate_instructions(
     report("generate", len(records), len(records))
 
     pairs: list[Pair] = []
-    for r, a in zip(records, answers):
+    for r, a in zip(records, answers, strict=False):
         pairs.append(Pair(r["instruction"], _text(a), r["output"]))  # model is A
         pairs.append(Pair(r["instruction"], r["output"], _text(a)))  # model is B
     t1 = time.perf_counter()
@@ -65,7 +65,7 @@ def evaluate_instructions(
     tokens = [getattr(a, "num_tokens", None) for a in answers]
 
     items = []
-    for i, (r, a) in enumerate(zip(records, answers)):
+    for i, (r, a) in enumerate(zip(records, answers, strict=False)):
         items.append(
             {
                 "index": i,

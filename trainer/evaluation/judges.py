@@ -4,7 +4,7 @@ Two kinds, one interface (`judge(pairs) -> list[Judgement]`, a pair being (instr
 answer A, answer B)):
 
 * `OpenAIJudge`: any OpenAI-compatible chat endpoint (vLLM, a hosted frontier model, or
-  `trainer.evaluation.openai_server` over a local model). httpx with explicit timeouts;
+  `tools.openai_server` over a local model). httpx with explicit timeouts;
   tenacity retries timeouts, connection errors, 408/409/429 and 5xx with exponential backoff
   and jitter, honouring `Retry-After`; other 4xx (a bad key, an unknown model) fail at once.
   Every judgement has a deadline that covers all its attempts and waits, each attempt's
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
 import httpx
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 log = logging.getLogger(__name__)
 
@@ -214,13 +214,14 @@ class OpenAIJudge:
             return min(self.max_wait, base) * random.uniform(0.5, 1.0)
 
         def stop(state: RetryCallState) -> bool:
-            # Give up now rather than sleep past the deadline (wait is computed before stop).
-            if self._abort.is_set():
+            # Give up after max_attempts, or now rather than sleep past the deadline (wait is
+            # computed before stop).
+            if self._abort.is_set() or state.attempt_number >= self.max_attempts:
                 return True
             return time.monotonic() + (state.upcoming_sleep or 0.0) >= end
 
         retrying = Retrying(
-            stop=stop_after_attempt(self.max_attempts) | stop,
+            stop=stop,
             wait=wait,
             retry=retry_if_exception_type(_Retryable),
             reraise=True,

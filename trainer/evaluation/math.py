@@ -13,15 +13,28 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
-from trainer.evaluation.stats import mean_se, pass_at_1
-from trainer.rewards import RewardSpec, build_reward, extract_answer, format_score, tag_count_score
+from reports.stats import mean_se, pass_at_1
+from trainer.rewards import RewardSpec, combine, extract_answer, format_score, tag_count_score
 
 DEFAULT_PROMPT = (
     "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 )
 _BOXED = re.compile(r"\\boxed\s*\{")
+
+
+class Checked(TypedDict):
+    """One sample of a problem, as the result document records it."""
+
+    text: str
+    correct: bool
+    extracted: str | None
+    format: float
+    tag_count: float
+    boxed: bool
+    num_tokens: int | None
+    finish_reason: str | None
 
 
 def has_boxed(completion: str) -> bool:
@@ -62,34 +75,37 @@ def evaluate_math(
 
     t1 = time.perf_counter()
     texts = [[_text(s) for s in row] for row in samples]
-    flat_records = [{"answer": r["answer"]} for r, row in zip(records, texts) for _ in row]
+    flat_records = [
+        {"answer": r["answer"]} for r, row in zip(records, texts, strict=False) for _ in row
+    ]
     flat_texts = [t for row in texts for t in row]
-    accuracy = build_reward(RewardSpec(name="math_accuracy"))
-    try:
+    with combine([RewardSpec(name="math_accuracy")]) as accuracy:
         flat_ok = accuracy([None] * len(flat_texts), flat_texts, flat_records) if flat_texts else []
-    finally:
-        accuracy.close()
-    items, correct, formatted, boxed, tokens = [], [], [], [], []
+    items: list[dict[str, Any]] = []
+    correct: list[list[bool]] = []
+    formatted: list[float] = []
+    boxed: list[float] = []
+    tokens: list[int] = []
     groups: dict[str, dict[str, list[float]]] = {
         "level": defaultdict(list),
         "subject": defaultdict(list),
     }
     k = 0
-    for i, (r, row) in enumerate(zip(records, samples)):
-        checked = []
+    for i, (r, row) in enumerate(zip(records, samples, strict=False)):
+        checked: list[Checked] = []
         for s in row:
             text = _text(s)
             checked.append(
-                {
-                    "text": text,
-                    "correct": bool(flat_ok[k] > 0),
-                    "extracted": extract_answer(text),
-                    "format": format_score(text),
-                    "tag_count": tag_count_score(text),
-                    "boxed": has_boxed(text),
-                    "num_tokens": getattr(s, "num_tokens", None),
-                    "finish_reason": getattr(s, "finish_reason", None),
-                }
+                Checked(
+                    text=text,
+                    correct=bool(flat_ok[k] > 0),
+                    extracted=extract_answer(text),
+                    format=format_score(text),
+                    tag_count=tag_count_score(text),
+                    boxed=has_boxed(text),
+                    num_tokens=getattr(s, "num_tokens", None),
+                    finish_reason=getattr(s, "finish_reason", None),
+                )
             )
             k += 1
         row_correct = [c["correct"] for c in checked]

@@ -32,13 +32,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainer.spec.data import read_jsonl
+from contract.data import Format, read_jsonl
+from contract.runs import (  # the exit codes and the key variable the worker relies on
+    EVAL_EXIT_ERROR as EXIT_ERROR,
+)
+from contract.runs import (
+    EVAL_EXIT_INVALID as EXIT_INVALID,
+)
+from contract.runs import (
+    EVAL_EXIT_JUDGE as EXIT_JUDGE,
+)
+from contract.runs import (
+    EVAL_EXIT_OK as EXIT_OK,
+)
+from contract.runs import (
+    JUDGE_API_KEY_ENV as API_KEY_ENV,
+)
 
 log = logging.getLogger(__name__)
-
-API_KEY_ENV = "HUMANLINE_JUDGE_API_KEY"
-EXIT_OK, EXIT_ERROR, EXIT_INVALID, EXIT_JUDGE = 0, 1, 2, 3
-FORMATS = {"instruction": "eval_instruction", "math": "eval_math"}
+FORMATS: dict[str, Format] = {"instruction": "eval_instruction", "math": "eval_math"}
 
 
 class InvalidEvaluation(ValueError):
@@ -113,10 +125,10 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
             # Fail in seconds, not after an hour of generation, when the judge is unreachable.
             judge.chat([{"role": "user", "content": "Reply with the letter A."}], max_tokens=1)
     # torch, the model and matplotlib load only now: a bad judge fails in a second or two.
+    from reports import code_version, render_evaluation_html
     from trainer.evaluation.generation import Generator
     from trainer.evaluation.instruction import evaluate_instructions
     from trainer.evaluation.math import DEFAULT_PROMPT, evaluate_math
-    from trainer.report import code_version, render_evaluation_html
 
     generator = Generator.from_source(
         config["model"],
@@ -126,6 +138,7 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
     )
     gen = dict(config.get("generation") or {})
     if config["kind"] == "instruction":
+        assert judge is not None  # made above, before the model loads
         doc = evaluate_instructions(
             records, generator.generate, judge, generation=gen, progress=progress
         )

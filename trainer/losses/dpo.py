@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from contract.spec import DPOConfig, HumanlineParams
 from trainer.losses.humanline import sequence_rewards, token_log_ratios
 from trainer.losses.types import LossOutput, to_floats
-from trainer.spec.job import DPOConfig, HumanlineParams
 
 
 def dpo_loss(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from contract.spec import HumanlineParams
 from trainer.losses.humanline import clamp_fraction, token_log_ratios
 from trainer.losses.types import LossOutput, masked_mean, to_floats
-from trainer.spec.job import HumanlineParams
 
 
 def group_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:

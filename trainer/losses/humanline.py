@@ -7,11 +7,17 @@ per token *before* any loss sees the log-ratio, and the objectives never branch 
   clamp's derivative is zero outside the range, which is exactly "detach the rejected tokens".
 - ``sample`` (the general form defined in the paper's §4): reject token t when
   ``π/π_ref < M_P·B_P`` or ``π_ref/π < M_R·B_R``, with ``B_P ~ Beta(γ_P, β_P)`` and
-  ``B_R ~ Beta(γ_R, β_R)`` drawn per token. A rejected token keeps its log-ratio *value* but is
-  detached, so it still counts in the sequence reward (KTO's saturation depends on it) but gets
-  no gradient. By the paper's clipping theorem, with ``γ_P = kε_P/M_P, β_P = k(1 − ε_P/M_P),
+  ``B_R ~ Beta(γ_R, β_R)`` drawn per token. M must bound the ratio; ``batch_max`` (the default)
+  is the largest ratio over the completion tokens of the call (a micro-batch; DPO's chosen and
+  rejected halves each), as the authors' ``get_humanline_mask`` takes it per micro-batch (HALOs,
+  ``research`` branch; theirs also counts padding, whose ratio is 1, so their M is never below
+  1). A rejected token keeps its log-ratio *value* but is detached, so it still counts in the
+  sequence reward (KTO's saturation depends on it) but gets no gradient. By the paper's
+  clipping theorem, with ``γ_P = kε_P/M_P, β_P = k(1 − ε_P/M_P),
   γ_R = k/(ε_R M_R), β_R = k(1 − 1/(ε_R M_R))`` and k → ∞ the Beta draws collapse to their
-  means and sampling rejects exactly what clip clamps.
+  means and sampling rejects exactly what clip clamps: to sample *around* a clip range, set
+  those four from log_eps_P/R (ε = exp(log_eps)) and a fixed M; with the defaults (M =
+  ``batch_max``, the authors' Beta parameters) log_eps_P/R play no part in sample mode.
 """
 
 from __future__ import annotations
@@ -21,15 +27,16 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.spec.job import HumanlineParams
+from contract.spec import HumanlineParams
 
 _Humanline = Callable[
-    [torch.Tensor, HumanlineParams, torch.Generator | None], tuple[torch.Tensor, torch.Tensor]
+    [torch.Tensor, torch.Tensor, HumanlineParams, torch.Generator | None],
+    tuple[torch.Tensor, torch.Tensor],
 ]
 
 
 def _clip(
-    raw: torch.Tensor, hp: HumanlineParams, generator: torch.Generator | None
+    raw: torch.Tensor, keep: torch.Tensor, hp: HumanlineParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clamp in log space (more precise than clamping the ratio); strict bounds mark clamping."""
     rejected = (raw < hp.log_eps_P) | (raw > hp.log_eps_R)
@@ -54,8 +61,17 @@ def _beta(
     return torch._sample_dirichlet(alpha, generator=generator)[..., 0]
 
 
+def _log_bound(m: float | str, log_ratio: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | float:
+    """log M: the given bound, or the largest log-ratio over the kept tokens (0 if none)."""
+    if m != "batch_max":
+        return math.log(float(m))
+    if not keep.any():
+        return 0.0
+    return log_ratio[keep].max()
+
+
 def _sample(
-    raw: torch.Tensor, hp: HumanlineParams, generator: torch.Generator | None
+    raw: torch.Tensor, keep: torch.Tensor, hp: HumanlineParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Humanline sampling, compared in log space: ``raw < log M_P + log B_P`` or ``−raw < ...``.
 
@@ -64,7 +80,8 @@ def _sample(
     log_bp = _beta(hp.gamma_P, hp.beta_P, raw, generator).log()
     log_br = _beta(hp.gamma_R, hp.beta_R, raw, generator).log()
     r64 = raw.detach().double()
-    rejected = (r64 < math.log(hp.M_P) + log_bp) | (-r64 < math.log(hp.M_R) + log_br)
+    log_mp, log_mr = _log_bound(hp.M_P, r64, keep), _log_bound(hp.M_R, -r64, keep)
+    rejected = (r64 < log_mp + log_bp) | (-r64 < log_mr + log_br)
     return torch.where(rejected, raw.detach(), raw), rejected
 
 
@@ -90,7 +107,7 @@ def token_log_ratios(
     raw = torch.where(keep, lp_pol - lp_ref, 0.0)
     if humanline is None:
         return raw, torch.zeros_like(keep)
-    r, rejected = _MODES[humanline.mode](raw, humanline, generator)
+    r, rejected = _MODES[humanline.mode](raw, keep, humanline, generator)
     # Re-zero: a clip range that excludes 0 would otherwise move the padding.
     return torch.where(keep, r, 0.0), rejected & keep
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import torch
 
+from contract.spec import HumanlineParams, KTOConfig
 from trainer.losses.humanline import clamp_fraction, sequence_rewards, token_log_ratios
 from trainer.losses.types import LossOutput, to_floats
-from trainer.spec.job import HumanlineParams, KTOConfig
 
 
 def kto_loss(
@@ -28,11 +28,14 @@ def kto_loss(
     """Mean over examples of ``λ_D (1 − σ(β (R − z0)))`` (desirable) or ``λ_U (1 − σ(β (z0 − R)))``.
 
     ``labels`` [B] is True for desirable examples. ``kl_*`` are the per-token log-probs of the
-    mismatched pairs (x, y'); ``z0 = max(0, mean R_kl)`` is detached (it is a reference point,
-    not something to optimise) and its rewards get the same humanline treatment and the same
-    length normalisation as R, so both live on one scale. ``kl_reduce`` maps the local [B]
-    mismatched rewards to the tensor averaged (the recipe passes an all-gather under DDP so every
-    rank uses the same z0); the default is the local batch.
+    mismatched pairs (x, y'); ``z0 = max(0, Σ R_kl / #{R_kl ≠ 0})`` is detached (it is a reference
+    point, not something to optimise): the mean over the mismatched rewards that are not exactly
+    zero, as the paper's listing and the authors' code (HALOs ``KTOTrainer.loss``: "sum of
+    non-empty KL examples" / "number of non-empty KL examples") compute it, so a pair humanline
+    rejected entirely does not pull z0 towards 0. Its rewards get the same humanline treatment
+    and the same length normalisation as R, so both live on one scale. ``kl_reduce`` maps the
+    local [B] mismatched rewards to the tensor reduced (the recipe passes an all-gather under DDP
+    so every rank uses the same z0); the default is the local batch.
 
     Metrics: ``kl`` is z0; ``rewards/chosen`` and ``rewards/rejected`` are means of β·R over the
     desirable and undesirable examples (TRL's convention), left out when the batch has none;
@@ -43,12 +46,15 @@ def kto_loss(
     with torch.no_grad():
         r_kl, _ = token_log_ratios(kl_pol, kl_ref, kl_mask, humanline, generator)
         kl_rewards = sequence_rewards(r_kl, kl_mask, length_normalize)
-        z0 = (kl_reduce(kl_rewards) if kl_reduce is not None else kl_rewards).mean().clamp(min=0)
+        everyone = kl_reduce(kl_rewards) if kl_reduce is not None else kl_rewards
+        z0 = (everyone.sum() / (everyone != 0).sum().clamp(min=1)).clamp(min=0)
 
     desirable = labels.bool()
     # One expression for both kinds: the sign flips the margin, the weight picks λ_D or λ_U.
+    # Built in the reward's dtype: torch.where on Python floats would round λ through float32.
     sign = torch.where(desirable, 1.0, -1.0).to(reward.dtype)
-    weight = torch.where(desirable, cfg.lambda_d, cfg.lambda_u).to(reward.dtype)
+    lambdas = torch.tensor([cfg.lambda_u, cfg.lambda_d], dtype=reward.dtype, device=reward.device)
+    weight = lambdas[desirable.long()]
     losses = weight * (1.0 - torch.sigmoid(cfg.beta * sign * (reward - z0)))
     loss = losses.mean()
 

@@ -25,7 +25,7 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from trainer.spec.job import AdapterConfig, JobSpec
+from contract.spec import AdapterConfig, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,34 @@ def load_policy(spec: JobSpec, model_dir: Path) -> nn.Module:
     lora = spec.adapter.kind == "lora"
     dtype = DTYPES[spec.precision] if lora else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype)
-    if model.is_activation_checkpointing:
-        model.activation_checkpointing_disable()
+    if activation_checkpointing(model):
+        _disable_activation_checkpointing(model)
     _zero_dropout_modules(model)
     if lora:
         model = _wrap_lora(model, spec.adapter)
     model.train()
     return model
+
+
+def activation_checkpointing(model: nn.Module) -> bool:
+    """Whether ``model`` recomputes activations in backward, on every transformers we support.
+
+    transformers 5.23 renamed gradient checkpointing to activation checkpointing; vLLM 0.32
+    (the pinned sampler) caps transformers below 5.20, and the GPU hosts here carry 5.17. The
+    name is looked up on the class so the deprecated property is never called where the new
+    one exists.
+    """
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if isinstance(getattr(type(model), name, None), property):
+            return bool(getattr(model, name))
+    return False
+
+
+def _disable_activation_checkpointing(model: nn.Module) -> None:
+    for name in ("activation_checkpointing_disable", "gradient_checkpointing_disable"):
+        if hasattr(type(model), name):
+            getattr(model, name)()
+            return
 
 
 def _zero_config_dropout(config: object) -> None:
@@ -195,7 +216,10 @@ def _few(keys: set[str], limit: int = 5) -> str:
 
 
 def save_pretrained_weights(
-    model: nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: Path
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: Path,
+    state_dict: dict[str, Tensor] | None = None,
 ) -> None:
     """Export the trained result so plain transformers/peft can load it, atomically.
 
@@ -203,6 +227,8 @@ def save_pretrained_weights(
     ``base_model_name_or_path`` is the resolved base directory); full models write safetensors,
     ``config.json`` and ``generation_config.json``. The tokenizer goes alongside in both cases.
     Everything lands in a sibling temp dir renamed to ``out_dir``, which must not hold files.
+    ``state_dict`` (module keys, full tensors) replaces the model's own, e.g. gathered from a
+    sharded model (trainer.distributed).
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -211,7 +237,7 @@ def save_pretrained_weights(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         with _inference_config(model):
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, **({} if state_dict is None else {"state_dict": state_dict}))
         tokenizer.save_pretrained(tmp)
         if out_dir.exists():
             out_dir.rmdir()

@@ -66,6 +66,7 @@ def resolve_model(name_or_path: str) -> Path:
     Built-in names win over a same-named relative directory, so a stray ``./tiny-llama`` in the
     working directory can never change what a job trains.
     """
+    name_or_path = BUILTIN_BY_PUBLIC_NAME.get(name_or_path, name_or_path)  # exports name it so
     builder = BUILTIN_MODELS.get(name_or_path)
     if builder is not None:
         return _cached_build(name_or_path, builder)
@@ -225,7 +226,9 @@ def _tiny_tokenizer() -> PreTrainedTokenizerBase:
 
     from trainer.synthetic import preference_records
 
-    corpus = [f"{r['prompt']} {r['chosen']} {r['rejected']}" for r in preference_records(400, seed=7)]
+    corpus = [
+        f"{r['prompt']} {r['chosen']} {r['rejected']}" for r in preference_records(400, seed=7)
+    ]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -236,7 +239,9 @@ def _tiny_tokenizer() -> PreTrainedTokenizerBase:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>"
+    )
     fast.chat_template = _CHATML
     return fast
 
@@ -270,6 +275,10 @@ BUILTIN_MODELS: dict[str, Callable[[Path], None]] = {
     SMOLLM2: _build_smollm2,
     TINY_LLAMA: _build_tiny_llama,
 }
+# The public (Hugging Face hub) identity of a built-in: what an exported model names as its
+# base (trainer.modeling.card), and an alias resolve_model accepts for the built-in.
+PUBLIC_NAMES = {SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+BUILTIN_BY_PUBLIC_NAME = {public: name for name, public in PUBLIC_NAMES.items()}
 
 _ACCEPTED = (
     f"expected one of {', '.join(repr(n) for n in BUILTIN_MODELS)} or a local directory "

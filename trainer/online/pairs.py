@@ -15,9 +15,11 @@ Rules, decided here once:
   DPO pairs first and splits them, rather than thresholding scores directly).
 * **GRPO.** ``keep="all"`` (default; the math setup, groups of G) keeps every completion with its
   raw score; ``keep="extremes"`` keeps only the DPO pair with its raw scores (the paper's
-  instruction-following online GRPO, groups of 2). Either way the τ filter applies, so groups
-  whose scores are all equal (zero advantages, no policy gradient, but they would still dilute
-  DAPO's token-level mean and add KL) are dropped: DAPO's dynamic-sampling filter.
+  instruction-following online GRPO, groups of 2). ``zero_variance="drop"`` (default) applies
+  the τ filter, so groups whose scores are all equal (zero advantages, no policy gradient, but
+  they would still dilute DAPO's token-level mean and add KL) are dropped: DAPO's
+  dynamic-sampling filter. ``zero_variance="keep"`` keeps every group, as the paper's math setup
+  does (the authors' code subclasses TRL's GRPO trainer, which filters none).
 """
 
 from __future__ import annotations
@@ -147,13 +149,16 @@ def grpo_groups(
     groups: Sequence[Sequence[Scored]],
     tau: float = DEFAULT_TAU,
     keep: Literal["all", "extremes"] = "all",
+    zero_variance: Literal["drop", "keep"] = "drop",
 ) -> list[Group]:
     """Groups with raw scores for GRPO's group-relative advantages (see module docstring)."""
     if keep not in ("all", "extremes"):
         raise ValueError(f"keep must be 'all' or 'extremes', got {keep!r}")
+    if zero_variance not in ("drop", "keep"):
+        raise ValueError(f"zero_variance must be 'drop' or 'keep', got {zero_variance!r}")
     out = []
     for group in groups:
-        if not _kept(group, tau):
+        if not _kept(group, tau if zero_variance == "drop" else 0.0):
             continue
         members = tuple(group) if keep == "all" else best_and_worst(group)
         out.append(Group(group[0].prompt_index, tuple(members)))

@@ -13,24 +13,31 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import gather_object
 
+from contract.data import JsonlReader
+from contract.spec import JobSpec
+from trainer.datastore import PromptIds, RecordsAt, TokenStore
 from trainer.online.pairs import Scored
 from trainer.plan import BatchPlan, MicroBatch
 from trainer.rewards import combine
-from trainer.sampling import SamplingParams, make_sampler
-from trainer.spec.job import JobSpec
+from trainer.sampling import Sampler, SamplingParams, make_sampler
+from trainer.sampling.vllm_params import engine_options
+from trainer.seeds import derive_seed
 
 
 class OfflineData:
-    """A fixed example set and one plan for the whole run."""
+    """A fixed example set and one plan for the whole run; `store` (trainer.datastore) holds
+    the examples' tokens when they were read from a file."""
 
-    def __init__(self, examples: list, plan: BatchPlan):
-        self.examples, self.plan = examples, plan
+    def __init__(self, examples: Sequence, plan: BatchPlan, store: TokenStore | None = None):
+        self.examples, self.plan, self.store = examples, plan, store
 
     def needs_round(self, step: int) -> bool:
         return False
@@ -48,7 +55,8 @@ class OfflineData:
         pass
 
     def close(self) -> None:
-        pass
+        if self.store is not None:
+            self.store.close()
 
 
 @dataclass
@@ -61,20 +69,39 @@ class Round:
 
 
 class OnlineData:
-    def __init__(self, spec: JobSpec, recipe, chat, records: Sequence[dict], accelerator, total: int):
+    def __init__(
+        self,
+        spec: JobSpec,
+        recipe,
+        chat,
+        records: JsonlReader,
+        accelerator,
+        total: int,
+        directory: str | Path | None = None,
+    ):
+        if spec.online is None:  # JobSpec fills it for every online job
+            raise ValueError("online data needs the spec's online settings")
         self.spec, self.cfg, self.recipe, self.chat = spec, spec.online, recipe, chat
         self.acc, self.total = accelerator, total
         # The sampler sees the whole prompt, training its tokens cut to max_prompt_length: a
         # prompt that does not fit would be trained on a context it was not sampled from.
-        rendered = [(r, chat.prompt(r["prompt"])[1]) for r in records]
-        kept = [(r, ids) for r, ids in rendered if len(ids) < spec.max_prompt_length]
-        self.records = [r for r, _ in kept]
-        self.prompt_ids = [ids for _, ids in kept]  # rendered once, reused every round
-        self.skipped = len(records) - len(self.records)
+        # The file is read a record at a time: a kept record is its line's offset (read again
+        # when sampled), its rendered prompt ids go to a memory-mapped token file (rendered
+        # once, reused every round): never the whole file in memory (trainer.datastore).
+        fmt = records.first()
+        self.records = RecordsAt(records.path, fmt)
+        self.prompt_ids = PromptIds(directory)
+        for r in records:
+            ids = chat.prompt(r["prompt"])[1]
+            if len(ids) < spec.max_prompt_length:
+                self.records.append(records.offset)
+                self.prompt_ids.append(ids)
+        self.skipped = records.records - len(self.records)
         if not self.records:
             raise ValueError(f"no prompt fits max_prompt_length={spec.max_prompt_length} tokens")
         self.reward = combine(self.cfg.rewards)
-        self.sampler = None
+        self.sampler: Sampler | None = None  # started at the first round
+        self.sampler_started: dict[str, object] = {}  # set when the sampler starts
         self.cursor = 0  # prompts consumed so far (over seeded epochs of the prompt file)
         self.round: Round | None = None
         self.plan: BatchPlan | None = None
@@ -92,51 +119,77 @@ class OnlineData:
         return self.plan.micro(step - self.round.start + 1, micro)
 
     def segment_end(self, step: int) -> int:
-        return self.round.end if self.round and self.round.start <= step <= self.round.end else step - 1
+        return (
+            self.round.end
+            if self.round and self.round.start <= step <= self.round.end
+            else step - 1
+        )
 
     # ---- a round ------------------------------------------------------------------------------
-    def begin_round(self, step: int, policy: torch.nn.Module, model_dir, tokenizer) -> dict[str, float]:
+    def begin_round(
+        self, step: int, policy: torch.nn.Module, model_dir, tokenizer
+    ) -> dict[str, float]:
         """Sample, score and build the examples of the round that starts at `step`."""
         cfg = self.cfg
         index = (step - 1) // cfg.sample_every
         end = min(step + cfg.sample_every - 1, self.total)
-        needed = (end - step + 1) * self.spec.global_batch_size
+        batch = self.spec.examples_per_batch  # GRPO: groups, not sequences
+        needed = (end - step + 1) * batch
         per_prompt = self.recipe.examples_per_prompt
         budget = math.ceil(cfg.prompt_budget * needed / per_prompt)
         if self.sampler is None:
-            self.sampler = make_sampler(cfg.engine, model_dir, tokenizer, policy=policy)
-        self.sampler.load_weights(policy)
+            self.sampler = make_sampler(
+                cfg.engine,
+                model_dir,
+                tokenizer,
+                policy=policy,
+                vllm_options=engine_options(self.spec),
+            )
+            self.sampler_started = getattr(self.sampler, "description", {"engine": "hf"})
+        sampler = self.sampler
+        sampler.load_weights(policy)
         examples: list = []
         used = 0
-        totals = {"sample_time": 0.0, "score_time": 0.0}
+        totals = {"sample_time": 0.0, "score_time": 0.0, "sampled_tokens": 0.0}
         scores: dict[str, list[float]] = {"mean": []}
         was_training = policy.training
         policy.eval()
         while len(examples) < needed and used < budget:
-            picked = [self._next_index() for _ in range(min(needed // per_prompt + 1, budget - used))]
-            seed = self.spec.seed * 7919 + index * 131 + used
+            picked = [
+                self._next_index() for _ in range(min(needed // per_prompt + 1, budget - used))
+            ]
+            seed = derive_seed(self.spec.seed, "sample", index, used)
             used += len(picked)
-            groups = self._sample_and_score([self.records[i] for i in picked], seed, totals, scores)
+            groups = self._sample_and_score(
+                sampler, [self.records[i] for i in picked], seed, totals, scores
+            )
             prompt_ids = [self.prompt_ids[i] for i in picked]
             examples.extend(self.recipe.from_samples(groups, prompt_ids, self.chat, cfg))
         policy.train(was_training)
-        if len(examples) < self.spec.global_batch_size:
+        if hasattr(sampler, "sleep"):  # vLLM: hand its memory to training until next round
+            sampler.sleep()
+        if len(examples) < batch:
             raise RuntimeError(
                 f"online round {index}: {len(examples)} training examples from {used} prompts, "
-                f"fewer than one batch ({self.spec.global_batch_size}): the completions' rewards "
+                f"fewer than one batch ({batch}): the completions' rewards "
                 f"rarely differ by tau={cfg.tau}. Check the reward sources, or lower tau."
             )
-        self.round = Round(index, step, end, examples[:needed])
-        self._plan()
-        self.round.stats = {
-            "round/index": float(index), "round/prompts": float(used),
-            "round/examples": float(len(self.round.examples)),
-            "round/sample_time": totals["sample_time"], "round/score_time": totals["score_time"],
+        self.round = new = Round(index, step, end, examples[:needed])
+        self._plan(new)
+        new.stats = {
+            "round/index": float(index),
+            "round/prompts": float(used),
+            "round/examples": float(len(new.examples)),
+            "round/sample_time": totals["sample_time"],
+            "round/score_time": totals["score_time"],
+            "round/sampled_tokens": totals["sampled_tokens"],
             **{f"reward/{name}": sum(v) / max(len(v), 1) for name, v in scores.items()},
         }
-        return self.round.stats
+        return new.stats
 
-    def _sample_and_score(self, chunk: list[dict], seed: int, totals: dict, scores: dict) -> list[list[Scored]]:
+    def _sample_and_score(
+        self, sampler: Sampler, chunk: list[dict], seed: int, totals: dict, scores: dict
+    ) -> list[list[Scored]]:
         """G scored completions per prompt of `chunk`, `prompt_index` = position in `chunk`.
 
         Each process samples and scores its share of the prompts; the shares are gathered so
@@ -144,38 +197,57 @@ class OnlineData:
         """
         cfg, acc = self.cfg, self.acc
         mine = list(range(acc.process_index, len(chunk), acc.num_processes))
-        params = SamplingParams(n=cfg.num_samples, temperature=cfg.temperature, top_p=cfg.top_p,
-                                max_new_tokens=cfg.max_new_tokens, seed=seed + acc.process_index)
+        params = SamplingParams(
+            n=cfg.num_samples,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=seed + acc.process_index,
+        )
         t0 = time.perf_counter()
         with torch.no_grad():
-            sampled = self.sampler.generate([chunk[i]["prompt"] for i in mine], params)
+            sampled = sampler.generate([chunk[i]["prompt"] for i in mine], params)
         t1 = time.perf_counter()
-        flat = [(i, c) for i, group in zip(mine, sampled) for c in group]
-        reward, parts = self.reward.score([chunk[i]["prompt"] for i, _ in flat], [c.text for _, c in flat],
-                                          [chunk[i] for i, _ in flat])
+        flat = [(i, c) for i, group in zip(mine, sampled, strict=False) for c in group]
+        reward, parts = self.reward.score(
+            [chunk[i]["prompt"] for i, _ in flat],
+            [c.text for _, c in flat],
+            [chunk[i] for i, _ in flat],
+        )
         totals["sample_time"] += t1 - t0
         totals["score_time"] += time.perf_counter() - t1
-        local = [(Scored(i, c.text, tuple(c.token_ids), r), {n: v[k] for n, v in parts.items()})
-                 for k, ((i, c), r) in enumerate(zip(flat, reward))]
+        local = [
+            (Scored(i, c.text, tuple(c.token_ids), r), {n: v[k] for n, v in parts.items()})
+            for k, ((i, c), r) in enumerate(zip(flat, reward, strict=False))
+        ]
         everyone = gather_object(local) if acc.num_processes > 1 else local
         groups: list[list[Scored]] = [[] for _ in chunk]
         for item, item_parts in everyone:
             groups[item.prompt_index].append(item)
+            totals["sampled_tokens"] += len(item.token_ids)  # every rank's: the job's cost
             scores["mean"].append(item.score)
             for name, value in item_parts.items():
                 scores.setdefault(name, []).append(value)
         return groups
 
-    def _plan(self) -> None:
-        r, acc = self.round, self.acc
-        self.plan = BatchPlan(len(r.examples), self.spec.global_batch_size, self.spec.grad_accum,
-                              acc.num_processes, acc.process_index, self.spec.seed + r.index, r.end - r.start + 1)
+    def _plan(self, r: Round) -> None:
+        """The batch plan of round `r` (the current one)."""
+        acc = self.acc
+        self.plan = BatchPlan(
+            len(r.examples),
+            self.spec.examples_per_batch,
+            self.spec.grad_accum,
+            acc.num_processes,
+            acc.process_index,
+            derive_seed(self.spec.seed, "round", r.index),
+            r.end - r.start + 1,
+        )
 
     def _next_index(self) -> int:
         """The next prompt of a seeded permutation per epoch of the prompt file."""
         n = len(self.records)
         epoch, pos = divmod(self.cursor, n)
-        gen = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
+        gen = torch.Generator().manual_seed(derive_seed(self.spec.seed, "prompts", epoch))
         self.cursor += 1
         return int(torch.randperm(n, generator=gen)[pos])
 
@@ -184,6 +256,8 @@ class OnlineData:
         self.reward.close()
         if self.sampler is not None and hasattr(self.sampler, "close"):
             self.sampler.close()
+        self.records.close()
+        self.prompt_ids.close()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -192,5 +266,4 @@ class OnlineData:
     def load_state_dict(self, state: dict) -> None:
         self.cursor, self.round = state["cursor"], state["round"]
         if self.round is not None:
-            self._plan()
-
+            self._plan(self.round)

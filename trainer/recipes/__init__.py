@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from contract.spec import JobSpec
 from trainer.recipes.base import LossContext, Recipe
 from trainer.recipes.dpo import DPORecipe
 from trainer.recipes.grpo import GRPORecipe
 from trainer.recipes.kto import KTORecipe
-from trainer.spec.job import JobSpec
 
-_RECIPES = {"dpo": DPORecipe, "kto": KTORecipe, "grpo": GRPORecipe}
+# Each class is checked against the Recipe protocol here.
+_RECIPES: dict[str, Callable[[JobSpec], Recipe]] = {
+    "dpo": DPORecipe,
+    "kto": KTORecipe,
+    "grpo": GRPORecipe,
+}
 
 
 def make_recipe(spec: JobSpec) -> Recipe:

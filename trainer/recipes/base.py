@@ -7,14 +7,15 @@ distribution) is the loop's, written once.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import torch
 
+from contract.spec import HumanlineParams, JobSpec
 from trainer.losses import LossOutput
 from trainer.plan import MicroBatch
-from trainer.spec.job import HumanlineParams
 from trainer.tokenize import ChatTokenizer, TokenBatch, TokenSeq
 
 
@@ -31,32 +32,84 @@ class Recipe(Protocol):
     token_level: ClassVar[bool]  # loss is a mean over the whole batch's tokens (DAPO)
     examples_per_prompt: ClassVar[int]  # online: examples one kept prompt yields
 
-    def build(self, fmt: str, records: Sequence[dict], chat: ChatTokenizer) -> list[Any]: ...
+    # Examples from the training file's records, one at a time (a generator: the records
+    # stream in and the examples go to a trainer.datastore.TokenStore, never all in memory).
+    def build(self, fmt: str, records: Iterable[dict], chat: ChatTokenizer) -> Iterable[Any]: ...
 
-    def from_samples(self, groups: Sequence[Sequence[Any]], prompt_ids: Sequence[list[int]],
-                     chat: ChatTokenizer, online: Any) -> list[Any]: ...
+    # An example as its token sequences and numbers, and back (trainer.datastore).
+    def pack(self, example: Any) -> tuple[Sequence[TokenSeq], tuple[float, ...]]: ...
+
+    def unpack(self, seqs: list[TokenSeq], numbers: tuple[float, ...]) -> Any: ...
+
+    def from_samples(
+        self,
+        groups: Sequence[Sequence[Any]],
+        prompt_ids: Sequence[list[int]],
+        chat: ChatTokenizer,
+        online: Any,
+    ) -> list[Any]: ...
 
     def sequences(self, example: Any) -> list[TokenSeq]: ...
 
-    def rows(self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer) -> list[TokenSeq]: ...
+    def rows(
+        self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer
+    ) -> list[TokenSeq]: ...
+
+    # Rows the loss needs but never differentiates through (KTO's mismatched pairs): the
+    # policy scores them under no_grad, after `rows` (trainer.logps.batch_logps).
+    def no_grad_rows(
+        self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer
+    ) -> list[TokenSeq]: ...
 
     def loss(
-        self, pol: torch.Tensor, ref: torch.Tensor, batch: TokenBatch, mb: MicroBatch,
-        examples: Sequence[Any], ctx: LossContext,
+        self,
+        pol: torch.Tensor,
+        ref: torch.Tensor,
+        batch: TokenBatch,
+        mb: MicroBatch,
+        examples: Sequence[Any],
+        ctx: LossContext,
     ) -> LossOutput: ...
 
 
-def build_pairs(records: Sequence[dict], chat: ChatTokenizer) -> list[tuple[TokenSeq, TokenSeq]]:
-    """(chosen, rejected) token sequences; pairs with an empty completion are dropped."""
-    pairs = []
+C = TypeVar("C")
+
+
+class ObjectiveRecipe(Generic[C]):
+    """What the recipes share: their objective's config `cfg` (the spec's objective, of type C,
+    the one the registry picked the recipe for), a sequence-level loss, one example per kept
+    prompt and no no-grad rows, unless a recipe says otherwise."""
+
+    token_level: ClassVar[bool] = False
+    examples_per_prompt: ClassVar[int] = 1
+    cfg: C
+
+    def __init__(self, spec: JobSpec):
+        self.cfg = cast(C, spec.objective)
+
+    def no_grad_rows(
+        self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer
+    ) -> list[TokenSeq]:
+        return []
+
+
+def build_pairs(
+    records: Iterable[dict], chat: ChatTokenizer
+) -> Iterator[tuple[TokenSeq, TokenSeq]]:
+    """(chosen, rejected) token sequences, a record at a time; pairs with an empty completion
+    are dropped."""
     for r in records:
         seqs = chat.sequences(r["prompt"], [r["chosen"], r["rejected"]])
         if seqs is not None:
-            pairs.append((seqs[0], seqs[1]))
-    return pairs
+            yield seqs[0], seqs[1]
 
 
-def fit_pair(chat: ChatTokenizer, prompt_ids: list[int], chosen, rejected) -> tuple[TokenSeq, TokenSeq] | None:
+def fit_pair(
+    chat: ChatTokenizer, prompt_ids: list[int], chosen, rejected
+) -> tuple[TokenSeq, TokenSeq] | None:
     """Two sampled completions (anything with `token_ids`) of one prompt, fitted to max_length."""
-    a, b = chat.fit(prompt_ids, list(chosen.token_ids)), chat.fit(prompt_ids, list(rejected.token_ids))
+    a, b = (
+        chat.fit(prompt_ids, list(chosen.token_ids)),
+        chat.fit(prompt_ids, list(rejected.token_ids)),
+    )
     return None if a is None or b is None else (a, b)

@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
 
+from contract.spec import DPOConfig
 from trainer.losses.dpo import dpo_loss
 from trainer.online.pairs import dpo_pairs
-from trainer.recipes.base import LossContext, build_pairs, fit_pair
-from trainer.spec.job import DPOConfig, JobSpec
+from trainer.recipes.base import LossContext, ObjectiveRecipe, build_pairs, fit_pair
 
 
-class DPORecipe:
-    token_level: ClassVar[bool] = False
-    examples_per_prompt: ClassVar[int] = 1
-
-    def __init__(self, spec: JobSpec):
-        self.cfg: DPOConfig = spec.objective  # type: ignore[assignment]
-
+class DPORecipe(ObjectiveRecipe[DPOConfig]):
     def build(self, fmt, records, chat):
         return build_pairs(records, chat)
 
+    def pack(self, example):
+        return example, ()
+
+    def unpack(self, seqs, numbers):
+        return seqs[0], seqs[1]
+
     def from_samples(self, groups, prompt_ids, chat, online):
         """Online: the best and worst completion of each prompt whose spread is ≥ τ."""
-        pairs = (fit_pair(chat, prompt_ids[p.prompt_index], p.chosen, p.rejected) for p in dpo_pairs(groups, online.tau))
+        pairs = (
+            fit_pair(chat, prompt_ids[p.prompt_index], p.chosen, p.rejected)
+            for p in dpo_pairs(groups, online.tau)
+        )
         return [p for p in pairs if p is not None]
 
     def sequences(self, example):
@@ -34,7 +37,14 @@ class DPORecipe:
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
         n = len(mb.indices)
         return dpo_loss(
-            pol[:n], ref[:n], batch.mask[:n], pol[n:], ref[n:], batch.mask[n:], self.cfg,
-            humanline=ctx.humanline, length_normalize=ctx.length_normalize,
+            pol[:n],
+            ref[:n],
+            batch.mask[:n],
+            pol[n:],
+            ref[n:],
+            batch.mask[n:],
+            self.cfg,
+            humanline=ctx.humanline,
+            length_normalize=ctx.length_normalize,
             generator=ctx.generator,
         )

@@ -3,15 +3,16 @@ Algorithm 2); online, each prompt's sampled completions with group-relative adva
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch
 
+from contract.spec import GRPOConfig, JobSpec
 from trainer.losses.grpo import group_advantages, grpo_loss
 from trainer.online.pairs import grpo_groups
-from trainer.recipes.base import LossContext, build_pairs
-from trainer.spec.job import GRPOConfig, JobSpec
+from trainer.recipes.base import LossContext, ObjectiveRecipe, build_pairs
 from trainer.tokenize import TokenSeq
 
 
@@ -21,21 +22,26 @@ class GRPOGroup:
     advantages: tuple[float, ...]
 
 
-class GRPORecipe:
+class GRPORecipe(ObjectiveRecipe[GRPOConfig]):
     token_level: ClassVar[bool] = True
-    examples_per_prompt: ClassVar[int] = 1
 
     def __init__(self, spec: JobSpec):
-        self.cfg: GRPOConfig = spec.objective  # type: ignore[assignment]
+        super().__init__(spec)
         self.epsilon = spec.grpo_epsilon
 
     def build(self, fmt, records, chat):
-        return [GRPOGroup((w, l), (1.0, -1.0)) for w, l in build_pairs(records, chat)]
+        return (GRPOGroup((w, lose), (1.0, -1.0)) for w, lose in build_pairs(records, chat))
+
+    def pack(self, example: GRPOGroup):
+        return example.seqs, example.advantages
+
+    def unpack(self, seqs, numbers):
+        return GRPOGroup(tuple(seqs), numbers)
 
     def from_samples(self, groups, prompt_ids, chat, online):
         """Online: raw scores → A = (R − mean) / std within each kept group."""
         out = []
-        for g in grpo_groups(groups, online.tau, online.grpo_keep):
+        for g in grpo_groups(groups, online.tau, online.grpo_keep, online.zero_variance_groups):
             seqs = [chat.fit(prompt_ids[g.prompt_index], list(c.token_ids)) for c in g.completions]
             if all(s is not None for s in seqs):
                 adv = group_advantages(torch.tensor(g.scores), len(g.scores)).tolist()
@@ -49,9 +55,17 @@ class GRPORecipe:
         return [seq for i in mb.indices for seq in examples[i].seqs]
 
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
-        advantages = torch.tensor([a for i in mb.indices for a in examples[i].advantages], device=pol.device)
+        advantages = torch.tensor(
+            [a for i in mb.indices for a in examples[i].advantages], device=pol.device
+        )
         return grpo_loss(
-            pol, ref, batch.mask.to(pol.device), advantages, self.epsilon, self.cfg.beta_kl,
-            humanline=ctx.humanline, generator=ctx.generator,
+            pol,
+            ref,
+            batch.mask.to(pol.device),
+            advantages,
+            self.epsilon,
+            self.cfg.beta_kl,
+            humanline=ctx.humanline,
+            generator=ctx.generator,
             token_normalizer=ctx.token_normalizer,
         )

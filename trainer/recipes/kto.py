@@ -1,20 +1,24 @@
 """KTO on unpaired examples; paired data is split into a desirable and an undesirable one.
 
 The KL estimate z0 scores mismatched pairs (x_i, y_{i+1}) where i+1 is the next example of the
-*global* batch, so z0 does not depend on how the batch is split over processes.
+*global* batch, so z0 does not depend on how the batch is split over processes. z0 is a detached
+reference point, so the policy scores those rows under no_grad (`no_grad_rows`), as the authors'
+KTO trainer does (HALOs ``KTOTrainer.loss`` detaches ``policy_KL_logps``): no activations kept
+for them, no backward through them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch
 
+from contract.spec import KTOConfig
 from trainer.losses.kto import kto_loss
 from trainer.online.pairs import dpo_pairs
-from trainer.recipes.base import LossContext, build_pairs, fit_pair
-from trainer.spec.job import KTOConfig, JobSpec
+from trainer.recipes.base import LossContext, ObjectiveRecipe, build_pairs, fit_pair
 from trainer.tokenize import TokenSeq
 
 
@@ -24,22 +28,25 @@ class Unpaired:
     label: bool
 
 
-class KTORecipe:
-    token_level: ClassVar[bool] = False
+class KTORecipe(ObjectiveRecipe[KTOConfig]):
     examples_per_prompt: ClassVar[int] = 2
-
-    def __init__(self, spec: JobSpec):
-        self.cfg: KTOConfig = spec.objective  # type: ignore[assignment]
 
     def build(self, fmt, records, chat):
         if fmt == "preference":
-            return [Unpaired(s, lbl) for c, r in build_pairs(records, chat) for s, lbl in ((c, True), (r, False))]
-        out = []
+            for c, r in build_pairs(records, chat):
+                yield Unpaired(c, True)
+                yield Unpaired(r, False)
+            return
         for r in records:
             seqs = chat.sequences(r["prompt"], [r["completion"]])
             if seqs is not None:
-                out.append(Unpaired(seqs[0], r["label"]))
-        return out
+                yield Unpaired(seqs[0], r["label"])
+
+    def pack(self, example: Unpaired):
+        return (example.seq,), (1.0 if example.label else 0.0,)
+
+    def unpack(self, seqs, numbers):
+        return Unpaired(seqs[0], numbers[0] == 1.0)
 
     def from_samples(self, groups, prompt_ids, chat, online):
         """Online: DPO's pairs first, then split (as the paper does, rather than thresholds)."""
@@ -54,20 +61,34 @@ class KTORecipe:
         return [example.seq]
 
     def rows(self, examples: Sequence[Unpaired], mb, chat):
-        own = [examples[i].seq for i in mb.indices]
+        return [examples[i].seq for i in mb.indices]
+
+    def no_grad_rows(self, examples: Sequence[Unpaired], mb, chat):
+        """The mismatched pairs (x_i, y'_{partner}), cut to fit max_length."""
         room = chat.max_length
-        mismatched = [
-            TokenSeq(examples[i].seq.prompt_ids,
-                     examples[p].seq.completion_ids[: max(1, room - len(examples[i].seq.prompt_ids))])
-            for i, p in zip(mb.indices, mb.partners)
+        return [
+            TokenSeq(
+                examples[i].seq.prompt_ids,
+                examples[p].seq.completion_ids[: max(1, room - len(examples[i].seq.prompt_ids))],
+            )
+            for i, p in zip(mb.indices, mb.partners, strict=False)
         ]
-        return own + mismatched
 
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
         n = len(mb.indices)
         labels = torch.tensor([examples[i].label for i in mb.indices], device=pol.device)
+        mask = batch.row_mask().to(pol.device)  # rows, then the mismatched rows (batch.aux)
         return kto_loss(
-            pol[:n], ref[:n], batch.mask[:n], labels, pol[n:], ref[n:], batch.mask[n:], self.cfg,
-            humanline=ctx.humanline, length_normalize=ctx.length_normalize,
-            generator=ctx.generator, kl_reduce=ctx.kl_reduce,
+            pol[:n],
+            ref[:n],
+            mask[:n],
+            labels,
+            pol[n:],
+            ref[n:],
+            mask[n:],
+            self.cfg,
+            humanline=ctx.humanline,
+            length_normalize=ctx.length_normalize,
+            generator=ctx.generator,
+            kl_reduce=ctx.kl_reduce,
         )

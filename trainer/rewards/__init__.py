@@ -5,7 +5,8 @@ totals and each source's raw scores. Importing this package needs neither torch 
 math-verify (they load when a source that needs them is built).
 """
 
-from trainer.rewards.base import CombinedReward, RewardFunction, RewardSpec
+from contract.rewards import RewardSpec
+from trainer.rewards.base import CombinedReward, RewardFunction
 from trainer.rewards.format import format_score, tag_count_score
 from trainer.rewards.registry import MATH_REWARDS, REWARDS, build_reward, combine
 from trainer.rewards.verifier import extract_answer

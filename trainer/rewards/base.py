@@ -1,4 +1,5 @@
-"""The reward interface, the spec that names a reward source, and their weighted combination.
+"""The reward interface and the weighted combination of sources (named by
+`contract.rewards.RewardSpec`).
 
 A reward source is a callable ``(prompts, completions, records) -> scores`` over *flat, aligned*
 lists: entry i is prompt i's text, completion i's text and the training record (the prompt
@@ -12,27 +13,11 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol, Self
 
-from pydantic import BaseModel, ConfigDict, Field
-
 
 class RewardFunction(Protocol):
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[str], records: Sequence[dict]
     ) -> list[float]: ...
-
-
-class RewardSpec(BaseModel):
-    """One source of the job's reward: ``{"name": "math_accuracy", "weight": 8}``.
-
-    ``options`` are the factory's keyword arguments (e.g. ``{"path": ...}`` for
-    ``reward_model``); they are checked when the source is built.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(..., min_length=1, examples=["math_accuracy"])
-    weight: float = Field(1.0, description="Multiplier in the weighted sum; may be negative.")
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class CombinedReward:
@@ -67,7 +52,7 @@ class CombinedReward:
             if not all(math.isfinite(s) for s in scores):
                 raise RuntimeError(f"reward {name!r} returned a non-finite score")
             per_source[name] = scores
-            totals = [t + weight * s for t, s in zip(totals, scores)]
+            totals = [t + weight * s for t, s in zip(totals, scores, strict=False)]
         return totals, per_source
 
     def __call__(

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainer.rewards.base import CombinedReward, RewardFunction, RewardSpec
+from contract.rewards import MATH_REWARDS, RewardSpec
+from trainer.rewards.base import CombinedReward, RewardFunction
 from trainer.rewards.format import format_reward, tag_count_reward
 from trainer.rewards.reward_model import RewardModel
+from trainer.rewards.string_check import StringCheck
 from trainer.rewards.verifier import MathAccuracy
 
 RewardFactory = Callable[..., RewardFunction]
@@ -21,14 +23,9 @@ REWARDS: dict[str, RewardFactory] = {
     "format": format_reward,
     "tag_count": tag_count_reward,
     "reward_model": RewardModel,
+    "string_check": StringCheck,
 }
-
-# The paper's math setup (Open-R1 rewards, weighted 1/1/8 to emphasise accuracy).
-MATH_REWARDS: tuple[RewardSpec, ...] = (
-    RewardSpec(name="tag_count", weight=1.0),
-    RewardSpec(name="format", weight=1.0),
-    RewardSpec(name="math_accuracy", weight=8.0),
-)
+__all__ = ["MATH_REWARDS", "REWARDS", "build_reward", "combine"]
 
 
 def build_reward(spec: RewardSpec) -> RewardFunction:

@@ -59,7 +59,7 @@ class RewardModel:
             self.tokenizer.apply_chat_template(
                 self._as_messages(p) + [{"role": "assistant", "content": c}], tokenize=False
             )
-            for p, c in zip(prompts, completions)
+            for p, c in zip(prompts, completions, strict=False)
         ]
         scores: list[float] = []
         with torch.no_grad():

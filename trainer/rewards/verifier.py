@@ -181,10 +181,11 @@ class MathAccuracy:
                 )
             golds.append(str(record[self.answer_key]))
         answers = [extract_answer(text) for text in completions]
-        todo = [(i, (g, a)) for i, (g, a) in enumerate(zip(golds, answers)) if a is not None]
+        pairs = enumerate(zip(golds, answers, strict=False))
+        todo = [(i, (g, a)) for i, (g, a) in pairs if a is not None]
         verdicts = self.verifier.check([pair for _, pair in todo])
         scores = [0.0] * len(completions)
-        for (i, _), ok in zip(todo, verdicts):
+        for (i, _), ok in zip(todo, verdicts, strict=False):
             scores[i] = 1.0 if ok else 0.0
         return scores
 

@@ -43,6 +43,7 @@ def make_sampler(
     model_dir: Path | str,
     tokenizer: Any,
     policy: nn.Module | None = None,
+    vllm_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> Sampler:
     """Build the sampler for one job.
@@ -51,7 +52,8 @@ def make_sampler(
     starts from its current weights (and learns from it whether it is a LoRA policy). Without a
     policy the HF engine loads its own copy of ``model_dir`` (evaluation, benchmarks).
     ``options`` go to the engine (``max_batch_rows`` for HF; ``gpu_memory_utilization``,
-    ``max_model_len``, ... for vLLM).
+    ``max_model_len``, ... for vLLM); ``vllm_options`` go to the vLLM engine only, when it is
+    the one chosen (an online job's ``engine_options``).
     """
     if engine not in ("auto", "vllm", "hf"):
         raise ValueError(f"unknown sampling engine {engine!r}; expected auto, vllm or hf")
@@ -68,7 +70,9 @@ def make_sampler(
         from trainer.sampling.vllm_engine import VLLMSampler
 
         log.info("sampling with vLLM from %s", model_dir)
-        return VLLMSampler(Path(model_dir), tokenizer, policy=policy, **options)
+        return VLLMSampler(
+            Path(model_dir), tokenizer, policy=policy, **{**(vllm_options or {}), **options}
+        )
 
     from trainer.sampling.hf_engine import HFSampler
 

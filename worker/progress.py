@@ -1,0 +1,181 @@
+"""A training run's files into the DB and the store, as the trainer writes them.
+
+RunProgress.sync (every poll of worker.runner.Attempt): new complete checkpoint directories
+are uploaded to the store, then the new lines of metrics.jsonl and events.jsonl and the rows of
+the uploaded checkpoints are written in one fenced transaction. The history keeps the trainer's
+order: a `checkpoint` event whose directory is not uploaded yet holds the events after it back
+until it is. A rolled-back write is read and written again next time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+from contract.runs import (
+    CHECKPOINT_EVENT,
+    CHECKPOINTS_DIR,
+    COPIED_EVENT_KINDS,
+    DATA_QUALITY_FILE,
+    EVENTS_FILE,
+    METRICS_FILE,
+    checkpoint_step,
+)
+from models import jobs as job_states
+from storage import StorageError
+from storage.keys import checkpoint_prefix
+from worker.attempt import LeaseLost
+from worker.tail import JsonlTail
+
+if TYPE_CHECKING:
+    from worker.runner import Attempt
+
+UPLOAD_ATTEMPTS = 3
+
+
+class RunProgress:
+    def __init__(self, attempt: Attempt, step: int, total: int | None):
+        self.a = attempt
+        self.step = step
+        self.total = total
+        self.metrics = JsonlTail(attempt.run_dir / METRICS_FILE)
+        self.events = JsonlTail(attempt.run_dir / EVENTS_FILE)
+        self.uploaded: dict[int, tuple[str, list[str], int]] = {}  # step → prefix, files, bytes
+        self.recorded: set[int] = set()
+        self.quality_reported = False
+        self.started = False  # the trainer's `started` event: its first step is under way
+
+    def resumed(self, step: int, prefix: str) -> None:
+        """The attempt starts from the stored checkpoint at `step`."""
+        self.step = step
+        self.uploaded[step] = (prefix, [], 0)
+        self.recorded.add(step)
+
+    def data_quality(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.a.run_dir / DATA_QUALITY_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def sync(self) -> None:
+        """Trainer files → DB; new checkpoint dirs → store, then their rows. One fenced
+        transaction per call; nothing to write means no transaction."""
+        self.upload_new_checkpoints()
+        offsets = self.metrics.offset, self.events.offset
+        metrics = self.metrics.read()
+        events = []
+        for event, line_start in self.events.read_with_offsets():
+            step = (event.get("data") or {}).get("step")
+            kind = event.get("kind")
+            if kind == CHECKPOINT_EVENT and isinstance(step, int) and step not in self.uploaded:
+                # Its directory appeared after we looked: keep the history in order, stop
+                # here and read on from this event once the checkpoint is in the store.
+                self.events.offset = line_start
+                break
+            events.append(event)
+        pending = sorted(set(self.uploaded) - self.recorded)
+        quality = None if self.quality_reported else self.data_quality()
+        if not (metrics or events or pending or quality):
+            return
+        for m in metrics:
+            self.step = max(self.step, int(m["step"]))
+        for e in events:
+            data = e.get("data") or {}
+            if e.get("kind") == "started":
+                self.started = True
+                self.total = data.get("total_steps", self.total)
+            if isinstance(data.get("step"), int):  # metrics are logged every log_every steps;
+                self.step = max(self.step, data["step"])  # a checkpoint or stop says its step
+
+        recorded_before = set(self.recorded)
+        try:
+            self.a.fenced(lambda s: self._write(s, metrics, events, quality))
+        except BaseException:
+            # Rolled back: read and record the same things again next time.
+            self.recorded = recorded_before
+            self.metrics.offset, self.events.offset = offsets
+            raise
+        self.quality_reported = self.quality_reported or bool(quality)
+        self._prune_local_checkpoints()
+
+    def _write(self, s: Session, metrics: list, events: list, quality: dict | None) -> None:
+        job_id = self.a.job_id
+        for m in metrics:
+            values = {k: v for k, v in m.items() if k != "step"}
+            job_states.record_metrics(s, job_id, int(m["step"]), values)
+        for e in events:
+            kind, data = e.get("kind"), dict(e.get("data") or {})
+            if kind == CHECKPOINT_EVENT:  # recorded here in the history (it is uploaded),
+                step = data.get("step")  # after any earlier one still unrecorded
+                for earlier in sorted(set(self.uploaded) - self.recorded):
+                    if isinstance(step, int) and earlier <= step:
+                        self._record_checkpoint(s, earlier)
+                continue
+            data.pop("path", None)  # local paths mean nothing outside this machine
+            data["attempt"] = self.a.number
+            if kind not in COPIED_EVENT_KINDS:
+                data["trainer_kind"] = kind
+                kind = "log"
+            job_states.add_event(s, job_id, str(kind), str(e.get("message", ""))[:2000], data)
+        for step in sorted(set(self.uploaded) - self.recorded):
+            self._record_checkpoint(s, step)
+        if quality:
+            mean = quality.get("mean")
+            message = "data quality" + (f": mean token log-prob {mean:.3f}" if mean else "")
+            job_states.add_event(s, job_id, "data_quality", message, quality)
+
+    def _record_checkpoint(self, s: Session, step: int) -> None:
+        prefix, files, size = self.uploaded[step]
+        job_states.add_checkpoint(s, self.a.job_id, step, prefix, bytes=size, files=files)
+        self.recorded.add(step)
+
+    def _local_checkpoints(self) -> list[tuple[int, Path]]:
+        root = self.a.run_dir / CHECKPOINTS_DIR
+        if not root.is_dir():
+            return []
+        found = []
+        for p in root.iterdir():  # `step-N` is complete (the trainer renames step-N.tmp)
+            step = checkpoint_step(p.name)
+            if step is not None and p.is_dir():
+                found.append((step, p))
+        return sorted(found)
+
+    def upload_new_checkpoints(self, *, required: bool = False) -> None:
+        for step, path in self._local_checkpoints():
+            if step in self.uploaded:
+                continue
+            if self.a.heartbeat.lost.is_set():
+                raise LeaseLost(self.a.job_id)
+            prefix = checkpoint_prefix(self.a.team_id, self.a.job_id, step)
+            try:
+                keys = self.upload_dir(prefix, path, attempts=UPLOAD_ATTEMPTS if required else 1)
+            except StorageError:
+                if required:
+                    raise
+                self.a.log.warning("checkpoint upload failed; retrying next time", exc_info=True)
+                return  # keep step order: later checkpoints wait for this one
+            files = [k[len(prefix) :] for k in keys if not k.endswith("/_COMPLETE")]
+            size = sum((path / f).stat().st_size for f in files)
+            self.uploaded[step] = (prefix, files, size)
+
+    def upload_dir(self, prefix: str, path: Path, attempts: int) -> list[str]:
+        for i in range(attempts):
+            try:
+                return self.a.store.upload_dir(prefix, path)
+            except StorageError:
+                if i == attempts - 1:
+                    raise
+                time.sleep(min(10.0, 2.0**i))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _prune_local_checkpoints(self) -> None:
+        """Recorded checkpoints are safe in the store; keep only the newest on disk (the
+        trainer reads a checkpoint only when it starts with --resume)."""
+        local = [(step, p) for step, p in self._local_checkpoints() if step in self.recorded]
+        for _, path in local[:-1]:
+            shutil.rmtree(path, ignore_errors=True)
