@@ -36,11 +36,7 @@ import asyncio
 import gc
 import json
 import os
-import secrets
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,64 +44,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import httpx
+from apiserver import add_service_options, on_postgres
+from openloop import http_client, latencies, open_loop
+from procfs import cpu_seconds, process_tree
 
 TARGET_P99_MS = 50.0
 TARGET_ERRORS = 0
 ROUTES = ("GET /v1/jobs", "POST /v1/jobs")
 WARMUP_S = 2.0
-TIMEOUT_S = 10.0
-MAX_INFLIGHT = 256
 
 
-# --- services ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def create_database(admin_url: str) -> str:
-    from sqlalchemy import create_engine, make_url, text
-
-    from models.db import normalize_url
-
-    admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
-    name = f"humanline_bench_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    url = make_url(normalize_url(admin_url)).set(database=name)
-    return url.render_as_string(hide_password=False)
-
-
-def drop_database(admin_url: str, url: str) -> None:
-    from sqlalchemy import create_engine, make_url, text
-
-    from models.db import normalize_url
-
-    name = make_url(url).database
-    admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def prepare_database(url: str) -> str:
-    """Migrate, create a team and a key; return the key."""
-    from api.cli import migrate_database
-    from models.db import make_engine, make_session_factory, session_scope
-    from models.teams import create_api_key, create_team
-
-    migrate_database(url)
-    engine = make_engine(url)
-    with session_scope(make_session_factory(engine)) as session:
-        team = create_team(session, f"bench-{secrets.token_hex(4)}")
-        _, key = create_api_key(session, team.id, "benchmark")
-    engine.dispose()
-    return key
+# --- services (the rest in apiserver.py) -------------------------------------------------------
 
 
 class Drain:
@@ -139,54 +88,6 @@ class Drain:
         self.engine.dispose()
 
 
-def empty_redis_db(redis_url: str):
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    size = client.dbsize()
-    if size:
-        raise SystemExit(
-            f"{redis_url} holds {size} keys: pick an unused database with --redis-db "
-            "(the benchmark flushes it afterwards)"
-        )
-    return client
-
-
-def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable, "-m", "uvicorn", "--factory", "api.main:server_app",
-        "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-        "--workers", str(workers), "--log-level", "warning",
-    ]  # fmt: skip
-    out = open(log, "wb")  # noqa: SIM115 - the server's log, closed with the process
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server did not start:\n{log.read_text()[-3000:]}")
-
-
-def process_tree(root: int) -> list[int]:
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(p) for p in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return pids
-
-
 def machine_cpu() -> list[int]:
     """The machine's CPU time counters (/proc/stat: user nice system idle iowait irq softirq
     steal), to report how busy it was and how much the hypervisor stole meanwhile."""
@@ -201,26 +102,7 @@ def machine_shares(before: list[int], after: list[int]) -> dict[str, float]:
             "machine_steal_pct": round(100 * delta[7] / total, 1)}
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 # --- the load -----------------------------------------------------------------------------------
-
-
-def percentile(sorted_ms: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_ms:
-        return None
-    rank = max(1, -(-len(sorted_ms) * q // 100))  # ceil(n q / 100)
-    return sorted_ms[int(rank) - 1]
 
 
 class RawHttpClient:
@@ -335,13 +217,7 @@ class _Connection(asyncio.Protocol):
 
 class HttpxClient:
     def __init__(self, port: int, key: str, job_body: dict):
-        limits = httpx.Limits(max_connections=MAX_INFLIGHT, max_keepalive_connections=MAX_INFLIGHT)
-        self.client = httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {key}"},
-            limits=limits,
-            timeout=TIMEOUT_S,
-        )
+        self.client = http_client(port, key)
         self.job_body = job_body
 
     async def send(self, route: str) -> tuple[int, bytes]:
@@ -355,57 +231,29 @@ class HttpxClient:
         await self.client.aclose()
 
 
-async def run_load(client, rate: float, seconds: float) -> dict[str, dict]:
-    """Open loop: request i is due at t0 + i / rate; returns per-route results."""
+async def run_load(client, rate: float, seconds: float) -> dict[str, Any]:
+    """Open loop, routes alternating; returns per-route results."""
     n = int(rate * seconds)
-    results: dict[str, list] = {r: [] for r in ROUTES}
-    inflight = 0
 
-    async def one(i: int, due: float) -> None:
-        nonlocal inflight
-        route = ROUTES[i % 2]
-        if inflight >= MAX_INFLIGHT:  # the server is far behind: count it, keep the client sane
-            results[route].append((TIMEOUT_S, False, "dropped: too many requests in flight"))
-            return
-        inflight += 1
-        try:
-            async with asyncio.timeout(TIMEOUT_S):
-                status, body = await client.send(route)
-            ok = status in (200, 201)
-            detail = None if ok else f"{status} {body[:200]!r}"
-        except Exception as exc:  # noqa: BLE001 - transport errors, timeouts: all count
-            ok, detail = False, f"{type(exc).__name__}: {exc}"
-        finally:
-            inflight -= 1
-        results[route].append((time.perf_counter() - due, ok, detail))
+    async def send(route: str) -> tuple[bool, str | None]:
+        status, body = await client.send(route)
+        ok = status in (200, 201)
+        return ok, None if ok else f"{status} {body[:200]!r}"
 
-    tasks = []
     cpu0 = time.process_time()
-    t0 = time.perf_counter() + 0.05
-    for i in range(n):
-        due = t0 + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i, due)))
-    await asyncio.wait(tasks)  # each finishes within TIMEOUT_S
-    elapsed = time.perf_counter() - t0
-
+    sent, elapsed = await open_loop(rate, n, lambda i: ROUTES[i % 2], send)
     out: dict[str, Any] = {
         "client_cpu_ms_per_request": round((time.process_time() - cpu0) / n * 1000, 3)
     }
-    for route, rows in results.items():
-        ms = sorted(r[0] * 1000 for r in rows)
-        errors = [r[2] for r in rows if not r[1]]
+    for route in ROUTES:
+        rows = [s for s in sent if s.route == route]
+        errors = [s.detail for s in rows if not s.ok]
         out[route] = {
             "requests": len(rows),
             "rate_per_s": round(len(rows) / elapsed, 1),
             "errors": len(errors),
             "first_errors": errors[:3],
-            "p50_ms": round(percentile(ms, 50), 2),
-            "p90_ms": round(percentile(ms, 90), 2),
-            "p99_ms": round(percentile(ms, 99), 2),
-            "max_ms": round(ms[-1], 2),
+            **latencies(rows, 50, 90, 99),
         }
     return out
 
@@ -428,38 +276,12 @@ async def load(
         await client.aclose()
 
 
-def upload_training_file(base_url: str, key: str) -> str:
-    rows = [
-        {"prompt": f"What is {i} + {i}?", "chosen": str(2 * i), "rejected": str(2 * i + 1)}
-        for i in range(64)
-    ]
-    content = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    response = httpx.post(
-        f"{base_url}/v1/files",
-        headers={"Authorization": f"Bearer {key}"},
-        files={"file": ("prefs.jsonl", content, "application/jsonl")},
-        data={"purpose": "train"},
-        timeout=30,
-    )
-    response.raise_for_status()
-    return response.json()["id"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 s of load, < 60 s in all")
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second, total")
     parser.add_argument("--seconds", type=float, default=None, help="default 30 (quick: 10)")
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    parser.add_argument(
-        "--pg-admin-url",
-        default=os.environ.get(
-            "HUMANLINE_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
-        help="a PostgreSQL database to connect to while creating/dropping the benchmark's own",
-    )
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
-    parser.add_argument("--redis-db", type=int, default=14, help="an unused Redis database")
+    add_service_options(parser, redis_db=14)
     parser.add_argument("--uvloop", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--client", choices=("raw", "httpx"), default="raw", help="load generator's HTTP client"
@@ -467,26 +289,11 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.seconds or (10.0 if args.quick else 30.0)
 
-    broker = f"{args.redis_url.rstrip('/')}/{args.redis_db}"
-    redis_client = empty_redis_db(broker)
-    tmp = Path(tempfile.mkdtemp(prefix="hl-load-bench-"))
-    db_url = create_database(args.pg_admin_url)
-    proc = None
-    try:
-        key = prepare_database(db_url)
-        env = {
-            **os.environ,
-            "DATABASE_URL": db_url,
-            "STORAGE_URL": f"file://{tmp / 'objects'}",
-            "BROKER_URL": broker,
-            "MAX_JOBS_PER_TEAM": "1000",
-            "LOG_LEVEL": "INFO",  # the JSON access log is part of a request's cost
-            "PYTHONPATH": str(REPO),
-        }
-        port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
-        proc = start_server(env, port, args.workers, tmp / "server.log")
-        file_id = upload_training_file(base_url, key)
+    env = {
+        "MAX_JOBS_PER_TEAM": "1000",
+        "LOG_LEVEL": "INFO",  # the JSON access log is part of a request's cost
+    }
+    with on_postgres(args, "hl-load-bench-", env) as served:
         if args.uvloop:
             try:
                 import uvloop
@@ -494,35 +301,23 @@ def main() -> None:
                 asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
             except ImportError:
                 pass
-        pids = process_tree(proc.pid)
+        pids = process_tree(served.proc.pid)
         # the load generator's own GC pauses would count as server latency: keep its
         # startup heap (SQLAlchemy, httpx, ...) out of the collector, as the server does
         gc.collect()
         gc.freeze()
-        with Drain(db_url):
-            routes = asyncio.run(load(port, key, file_id, args.rate, seconds, args.client, pids))
+        with Drain(served.db_url):
+            routes = asyncio.run(
+                load(served.port, served.key, served.file_id, args.rate, seconds, args.client, pids)
+            )
         client_cpu = routes.pop("client_cpu_ms_per_request")
         server_cores = routes.pop("server_cpu_cores")
         server_ms = routes.pop("server_cpu_ms_per_request")
         shares = {k: routes.pop(k) for k in ("machine_busy_pct", "machine_steal_pct")}
-        queued = redis_client.llen("celery")
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        redis_client.flushdb()
-        drop_database(args.pg_admin_url, db_url)
-        log = tmp / "server.log"
-        text = log.read_text() if log.exists() else ""
-        errors_logged = text.count('"level": "error"')
-        for line in [x for x in text.splitlines() if '"level": "error"' in x][:2]:
-            print("server error:", line[:1500])
-        for p in sorted(tmp.rglob("*"), reverse=True):
-            p.unlink() if p.is_file() else p.rmdir()
-        tmp.rmdir()
+        queued = served.broker.llen("celery")
+    error_lines = [x for x in served.log_text.splitlines() if '"level": "error"' in x]
+    for line in error_lines[:2]:
+        print("server error:", line[:1500])
 
     for route, r in routes.items():
         print(
@@ -540,7 +335,7 @@ def main() -> None:
         "broker": "redis",
         "routes": routes,
         "tasks_on_broker": queued,
-        "server_errors_logged": errors_logged,
+        "server_errors_logged": served.log_text.count('"level": "error"'),
         "server_cpu_cores": server_cores,
         "server_cpu_ms_per_request": server_ms,
         "client": args.client,

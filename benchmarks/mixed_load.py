@@ -1,10 +1,10 @@
 """Mixed read/write API load on PostgreSQL: the highest arrival rate served with zero errors.
 
 Against a real uvicorn subprocess on a fresh PostgreSQL database and a Redis database number
-of its own (the helpers of benchmarks/api_load.py: created, checked empty, dropped/flushed
-afterwards), from this process over loopback. Open loop: request i is due at t0 + i/rate and
-its latency runs from that due time (queueing counted; no coordinated omission). Each request
-has a 10 s timeout; the run is bounded by rate x seconds requests.
+of its own (benchmarks/apiserver.py: created, checked empty, dropped/flushed afterwards),
+from this process over loopback. Open loop (benchmarks/openloop.py): request i is due at
+t0 + i/rate and its latency runs from that due time (queueing counted; no coordinated
+omission). Each request has a 10 s timeout; the run is bounded by rate x seconds requests.
 
 The mix (weights out of 20), on one team's data:
     reads  (14): GET /v1/jobs (4), GET /v1/jobs/{id} (4), GET /v1/jobs/{id}/events (2),
@@ -29,12 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import secrets
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,19 +41,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import httpx
-from api_load import (
-    create_database,
-    drop_database,
-    empty_redis_db,
-    free_port,
-    percentile,
-    prepare_database,
-    start_server,
-    upload_training_file,
-)
-
-TIMEOUT_S = 10.0
-MAX_INFLIGHT = 256
+from apiserver import add_service_options, on_postgres
+from openloop import http_client, latencies, open_loop
 MIX = [
     ("GET /v1/jobs", 4),
     ("GET /v1/jobs/{id}", 4),
@@ -128,61 +114,27 @@ class Mix:
 
 
 async def run_load(http: httpx.AsyncClient, mix: Mix, rate: float, seconds: float) -> dict:
-    n = max(1, int(rate * seconds))
-    rows: list[tuple[str, float, bool, str | None]] = []
-    inflight = 0
+    async def send(route: str) -> tuple[bool, str | None]:
+        r = await mix.send(http, route)
+        ok = 200 <= r.status_code < 300
+        return ok, None if ok else f"{r.status_code} {r.text[:200]}"
 
-    async def one(route: str, due: float) -> None:
-        nonlocal inflight
-        if inflight >= MAX_INFLIGHT:
-            rows.append((route, TIMEOUT_S, False, "dropped: too many in flight"))
-            return
-        inflight += 1
-        try:
-            async with asyncio.timeout(TIMEOUT_S):
-                r = await mix.send(http, route)
-            ok = 200 <= r.status_code < 300
-            detail = None if ok else f"{route}: {r.status_code} {r.text[:200]}"
-        except Exception as exc:  # noqa: BLE001 - transport errors and timeouts count
-            ok, detail = False, f"{route}: {type(exc).__name__}: {exc}"
-        finally:
-            inflight -= 1
-        rows.append((route, time.perf_counter() - due, ok, detail))
-
-    tasks = []
-    t0 = time.perf_counter() + 0.05
-    for i in range(n):
-        due = t0 + i / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(mix.next(), due)))
-    await asyncio.wait(tasks)
-    elapsed = time.perf_counter() - t0
-    ms = sorted(r[1] * 1000 for r in rows)
-    errors = [r[3] for r in rows if not r[2]]
+    sent, elapsed = await open_loop(rate, max(1, int(rate * seconds)), lambda i: mix.next(), send)
     by_route: dict[str, Any] = {}
     for route, _ in MIX:
-        rms = sorted(r[1] * 1000 for r in rows if r[0] == route)
-        if rms:
-            by_route[route] = {
-                "requests": len(rms),
-                "p50_ms": round(percentile(rms, 50), 2),
-                "p99_ms": round(percentile(rms, 99), 2),
-            }
-    writes = sum(1 for r in rows if r[0].startswith("POST"))
+        rows = [s for s in sent if s.route == route]
+        if rows:
+            by_route[route] = {"requests": len(rows), **latencies(rows, 50, 99)}
     return {
         "offered_rate": rate,
         "seconds": seconds,
-        "requests": len(rows),
-        "writes": writes,
-        "throughput_per_s": round(len(rows) / elapsed, 1),
+        "requests": len(sent),
+        "writes": sum(1 for s in sent if s.route.startswith("POST")),
+        "throughput_per_s": round(len(sent) / elapsed, 1),
         "lag": elapsed > seconds * 1.05 + 0.5,  # the server could not keep up
-        "errors": len(errors),
-        "first_errors": errors[:3],
-        "p50_ms": round(percentile(ms, 50), 2),
-        "p99_ms": round(percentile(ms, 99), 2),
-        "max_ms": round(ms[-1], 2),
+        "errors": sum(1 for s in sent if not s.ok),
+        "first_errors": [f"{s.route}: {s.detail}" for s in sent if not s.ok][:3],
+        **latencies(sent, 50, 99),
         "by_route": by_route,
     }
 
@@ -192,13 +144,7 @@ def sustained(result: dict, max_p99_ms: float) -> bool:
 
 
 async def search_and_run(port: int, key: str, file_id: str, args) -> dict:
-    limits = httpx.Limits(max_connections=MAX_INFLIGHT, max_keepalive_connections=MAX_INFLIGHT)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {key}"},
-        limits=limits,
-        timeout=TIMEOUT_S,
-    ) as http:
+    async with http_client(port, key) as http:
         seed_jobs = []
         for _ in range(20):
             r = await http.post("/v1/jobs", json=Mix(file_id, []).body)
@@ -248,52 +194,15 @@ def main() -> None:
     parser.add_argument("--max-rate", type=float, default=1600.0)
     parser.add_argument("--max-p99-ms", type=float, default=250.0, help="a probe above fails")
     parser.add_argument("--retries", type=int, default=2, help="holds at 0.7x after a failed one")
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    parser.add_argument(
-        "--pg-admin-url",
-        default=os.environ.get(
-            "HUMANLINE_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
-    )
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379")
-    parser.add_argument("--redis-db", type=int, default=13, help="an unused Redis database")
+    add_service_options(parser, redis_db=13)
     args = parser.parse_args()
     args.seconds = args.seconds or (15.0 if args.quick else 60.0)
     args.probe_seconds = args.probe_seconds or (3.0 if args.quick else 4.0)
 
-    broker = f"{args.redis_url.rstrip('/')}/{args.redis_db}"
-    redis_client = empty_redis_db(broker)
-    tmp = Path(tempfile.mkdtemp(prefix="hl-mixed-load-"))
-    db_url = create_database(args.pg_admin_url)
-    proc = None
     started = time.monotonic()
-    try:
-        key = prepare_database(db_url)
-        env = {
-            **os.environ,
-            "DATABASE_URL": db_url,
-            "STORAGE_URL": f"file://{tmp / 'objects'}",
-            "BROKER_URL": broker,
-            "MAX_JOBS_PER_TEAM": "1000000",
-            "LOG_LEVEL": "INFO",
-            "PYTHONPATH": str(REPO),
-        }
-        port = free_port()
-        proc = start_server(env, port, args.workers, tmp / "server.log")
-        file_id = upload_training_file(f"http://127.0.0.1:{port}", key)
-        result = asyncio.run(search_and_run(port, key, file_id, args))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        redis_client.flushdb()
-        drop_database(args.pg_admin_url, db_url)
-        for p in sorted(tmp.rglob("*"), reverse=True):
-            p.unlink() if p.is_file() else p.rmdir()
-        tmp.rmdir()
+    env = {"MAX_JOBS_PER_TEAM": "1000000", "LOG_LEVEL": "INFO"}
+    with on_postgres(args, "hl-mixed-load-", env) as served:
+        result = asyncio.run(search_and_run(served.port, served.key, served.file_id, args))
 
     for p in result["probes"]:
         print(f"probe {p['offered_rate']}/s: errors {p['errors']}, lag {p['lag']}, "

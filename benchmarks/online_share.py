@@ -26,12 +26,12 @@ PROMPTS = REPO / "examples" / "data" / "arithmetic_train.jsonl"
 
 
 def run(model: str, steps: int, sample_every: int, engine: str) -> dict:
-    from trainer.spec.job import JobSpec
+    from contract.spec import JobSpec
     from trainer.train import Trainer
 
     spec = JobSpec.model_validate({
         "base_model": model, "training_file": str(PROMPTS), "objective": "grpo", "variant": "online+humanline",
-        "batch_size": 2, "max_steps": steps, "max_length": 448, "max_prompt_length": 400,
+        "batch_size": 8, "max_steps": steps, "max_length": 448, "max_prompt_length": 400,  # 2 groups of 4
         "adapter": {"kind": "lora", "r": 8, "alpha": 16}, "humanline_params": {"sync_every": 4},
         "online": {"num_samples": 4, "max_new_tokens": 24, "sample_every": sample_every, "engine": engine, "tau": 0.0},
     })

@@ -20,11 +20,9 @@ The last line printed is one JSON object with every figure and its target.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,24 +33,14 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
+from procfs import status_kb
+from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
 
 
 def peak_rss_mb() -> float:
     """This process's peak RSS (VmHWM). Not getrusage: Linux carries ru_maxrss across execve,
     so a child would report its (larger) parent's peak."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def _text(tokenizer, n_tokens: int, render) -> str:
-    """The shortest word string whose rendering reaches n_tokens tokens."""
-    words: list[str] = []
-    while len(tokenizer(render(" ".join(words)), add_special_tokens=False)["input_ids"]) < n_tokens:
-        words.append(WORDS[len(words) % len(WORDS)])
-    return " ".join(words)
+    return status_kb("VmHWM") / 1024
 
 
 def make_data(model: str, path: Path, n: int = 64, tokens: int = 64) -> Path:
@@ -60,9 +48,8 @@ def make_data(model: str, path: Path, n: int = 64, tokens: int = 64) -> Path:
     from trainer.modeling import load_tokenizer, resolve_model
 
     tok = load_tokenizer(resolve_model(model))
-    render_prompt = lambda s: tok.apply_chat_template([{"role": "user", "content": s}], tokenize=False, add_generation_prompt=True)  # noqa: E731
-    prompt = _text(tok, tokens, render_prompt)
-    answer = _text(tok, tokens - 2, lambda s: s + (tok.eos_token or ""))
+    prompt = text_of(tok, tokens, user_turn(tok))
+    answer = text_of(tok, tokens - 2, lambda s: s + (tok.eos_token or ""))
     rows = []
     for i in range(n):
         rows.append({
@@ -80,7 +67,7 @@ PRECISION = os.environ.get("SYNC_BENCH_PRECISION", "fp32")
 
 
 def make_spec(model: str, data: Path, variant: str, adapter: str, steps: int):
-    from trainer.spec.job import JobSpec
+    from contract.spec import JobSpec
 
     return JobSpec.model_validate({"precision": PRECISION,
         "base_model": model, "training_file": str(data), "objective": "dpo", "variant": variant,
@@ -90,7 +77,7 @@ def make_spec(model: str, data: Path, variant: str, adapter: str, steps: int):
 
 
 # ---- A: interleaved step times ----------------------------------------------------------------
-def interleaved(model: str, data: Path, adapter: str, steps: int) -> dict:
+def step_times(model: str, data: Path, adapter: str, steps: int) -> dict:
     import torch
 
     from trainer.train import Trainer
@@ -99,10 +86,7 @@ def interleaved(model: str, data: Path, adapter: str, steps: int) -> dict:
         off = Trainer(make_spec(model, data, "offline", adapter, steps), Path(tmp) / "off", progress=False)
         hl = Trainer(make_spec(model, data, "offline+humanline", adapter, steps), Path(tmp) / "hl", progress=False)
         t_off, t_hl, t_sync = [], [], []
-        for s in range(1, steps + 1):
-            first, second = (off, hl) if s % 2 else (hl, off)  # alternate who goes first
-            a, b = first.step(s), second.step(s)
-            m_off, m_hl = (a, b) if first is off else (b, a)
+        for s, m_off, m_hl in interleaved(off, hl, steps):
             if s > 1:  # step 1 warms caches and allocators
                 t_off.append(m_off["step_time"])
                 t_hl.append(m_hl["step_time"])
@@ -195,24 +179,14 @@ def versus_trl(model: str, data: Path, steps: int) -> dict:
     return {"trl_step_s": trl_s, "ours_step_s": ours_s, "ratio": ours_s / trl_s}
 
 
-def run_child(*args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     global PRECISION
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny-llama, few steps (< 60 s)")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--steps", type=int, default=None)
+    ap = parser(__doc__)
     ap.add_argument("--parts", default="interleaved,memory,trl",
                     help="comma-separated subset of interleaved (A), memory (B), trl (C)")
     ap.add_argument("--adapters", default="lora,full", help="comma-separated: lora, full")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default=os.environ.get("SYNC_BENCH_PRECISION", "fp32"),
                     help="both sides: fp32, or bf16 autocast over fp32 weights (TRL's default)")
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     PRECISION = os.environ["SYNC_BENCH_PRECISION"] = args.precision
     if args.child:
@@ -223,21 +197,20 @@ def main() -> None:
             print(json.dumps(child_ours(model, Path(data), rest[0], rest[1], int(rest[2]))))
         return
 
-    model = args.model or ("tiny-llama" if args.quick else "smollm2-135m-instruct")
-    steps = args.steps or (4 if args.quick else 6)
+    model, steps = model_and_steps(args, 4, 6)
     tmp = Path(tempfile.mkdtemp())
     data = make_data(model, tmp / "pairs.jsonl")
-    result: dict = {"model": model, "steps": steps, "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
+    result: dict = {"model": model, "steps": steps, "threads": threads(),
                     "batch": f"4 pairs x (64 prompt + 64 chosen + 64 rejected) tokens, {PRECISION}"}
     parts, targets, met = set(args.parts.split(",")), {}, {}
     for adapter in args.adapters.split(","):
         a: dict = {}
         if "interleaved" in parts:
-            a.update(interleaved(model, data, adapter, steps))
+            a.update(step_times(model, data, adapter, steps))
             targets[f"{adapter}.ratio"], met[f"{adapter}.ratio"] = "<= 1.03", a["ratio"] <= 1.03
         if "memory" in parts:
-            mem_off = run_child("ours", model, str(data), "offline", adapter, "3")
-            mem_hl = run_child("ours", model, str(data), "offline+humanline", adapter, "3")
+            mem_off = run_child(__file__, "ours", model, str(data), "offline", adapter, "3")
+            mem_hl = run_child(__file__, "ours", model, str(data), "offline+humanline", adapter, "3")
             a.update(offline_peak_rss_mb=mem_off["peak_rss_mb"], humanline_peak_rss_mb=mem_hl["peak_rss_mb"],
                      rss_ratio=mem_hl["peak_rss_mb"] / mem_off["peak_rss_mb"])
             limit = 1.02 if adapter == "lora" else 1.0
@@ -246,8 +219,8 @@ def main() -> None:
         print(f"{adapter}: {json.dumps(a)}", flush=True)
     if "trl" in parts:
         vs = versus_trl(model, data, steps)
-        mem_trl = run_child("trl", model, str(data), "3")
-        mem_ours = run_child("ours", model, str(data), "offline+humanline", "full", "3")
+        mem_trl = run_child(__file__, "trl", model, str(data), "3")
+        mem_ours = run_child(__file__, "ours", model, str(data), "offline+humanline", "full", "3")
         vs.update(trl_peak_rss_mb=mem_trl["peak_rss_mb"], ours_peak_rss_mb=mem_ours["peak_rss_mb"],
                   rss_ratio=mem_ours["peak_rss_mb"] / mem_trl["peak_rss_mb"],
                   memory_savers={"trl": "gradient checkpointing (TRL default), fused LM head (log-probs without full logits); keeps a reference model copy",

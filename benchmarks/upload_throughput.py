@@ -34,9 +34,7 @@ import os
 import random
 import secrets
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,127 +46,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import httpx
+from apiserver import free_port, prepare_database, server_pids, start_server, stop_server
+from procfs import cpu_seconds, reset_peak, status_kb
 
 TARGET_MB_S = 50.0
 TARGET_RSS_GROWTH_MB = 100.0
 MB = 1_000_000
 CHUNK = 1 << 20
 
-_WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "this",
-    "are",
-    "or",
-    "from",
-    "at",
-    "which",
-    "but",
-    "have",
-    "an",
-    "they",
-    "you",
-    "were",
-    "all",
-    "one",
-    "their",
-    "would",
-    "what",
-    "so",
-    "up",
-    "out",
-    "if",
-    "about",
-    "who",
-    "get",
-    "make",
-    "can",
-    "like",
-    "time",
-    "just",
-    "know",
-    "take",
-    "people",
-    "into",
-    "year",
-    "your",
-    "good",
-    "some",
-    "could",
-    "them",
-    "see",
-    "other",
-    "than",
-    "then",
-    "now",
-    "look",
-    "only",
-    "come",
-    "its",
-    "over",
-    "think",
-    "also",
-    "back",
-    "after",
-    "use",
-    "two",
-    "how",
-    "our",
-    "work",
-    "first",
-    "well",
-    "way",
-    "even",
-    "new",
-    "want",
-    "because",
-    "any",
-    "these",
-    "give",
-    "day",
-    "most",
-    "gradient",
-    "model",
-    "loss",
-    "reference",
-    "policy",
-    "reward",
-    "humanline",
-    "clip",
-    "sync",
-    "token",
-    "batch",
-    "answer",
-    "question",
-    "explain",
-    "step",
-    "result",
-    "therefore",
-    "equation",
-    "naïve",
-    "café",
-    "résumé",
-    "données",
-    "数据",
-    "模型",
-    "训练",
-    "ответ",
-    "пример",
-]
+# common English words, the vocabulary of the texts, and a few non-ASCII ones
+_WORDS = (
+    "the of and to in is that for it as was with be by on not this are or from at which but "
+    "have an they you were all one their would what so up out if about who get make can like "
+    "time just know take people into year your good some could them see other than then now "
+    "look only come its over think also back after use two how our work first well way even "
+    "new want because any these give day most gradient model loss reference policy reward "
+    "humanline clip sync token batch answer question explain step result therefore equation "
+    "naïve café résumé données 数据 模型 训练 ответ пример"
+).split()
 
 
 # --- the data -------------------------------------------------------------------------------
@@ -236,98 +131,7 @@ def multipart_body(
     return len(head) + path.stat().st_size + len(tail), chunks()
 
 
-# --- the server -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def prepare_database(url: str) -> str:
-    """Migrate `url`, create a team and key; return the key."""
-    from api.cli import migrate_database
-    from models.db import make_engine, make_session_factory, session_scope
-    from models.teams import create_api_key, create_team
-
-    migrate_database(url)
-    engine = make_engine(url)
-    with session_scope(make_session_factory(engine)) as session:
-        team = create_team(session, f"bench-{secrets.token_hex(4)}")
-        _, key = create_api_key(session, team.id, "benchmark")
-    engine.dispose()
-    return key
-
-
-def start_server(env: dict[str, str], port: int, workers: int, log: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable, "-m", "uvicorn", "--factory", "api.main:server_app",
-        "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-        "--workers", str(workers), "--log-level", "warning",
-    ]  # fmt: skip
-    out = open(log, "wb")  # noqa: SIM115 - the server's log, closed with the process
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise SystemExit(f"server did not start:\n{log.read_text()[-3000:]}")
-    if workers > 1:  # every worker must be up (each answers /healthz on its own)
-        while time.monotonic() < deadline and len(server_pids(proc.pid, workers)) < workers:
-            time.sleep(0.2)
-    return proc
-
-
-def server_pids(root: int, workers: int) -> list[int]:
-    """The processes that serve requests: the root itself, or its worker children."""
-    if workers == 1:
-        return [root]
-    pids = []
-    for task in Path(f"/proc/{root}/task").iterdir():
-        try:
-            pids += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    # the workers are multiprocessing children; the supervisor may also start a resource tracker
-    return [p for p in pids if "spawn_main" in _cmdline(p) or "uvicorn" in _cmdline(p)]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def status_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/<pid>/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def reset_peak(pid: int) -> bool:
-    """Reset VmHWM to the current RSS (Linux ≥ 4.0: write 5 to clear_refs)."""
-    try:
-        Path(f"/proc/{pid}/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
+# --- the server's memory (the server: apiserver.py) -----------------------------------------------
 
 
 class RssSampler(threading.Thread):
@@ -342,7 +146,7 @@ class RssSampler(threading.Thread):
         while not self._halt.is_set():
             for p in self.pids:
                 try:
-                    self.peak_kb[p] = max(self.peak_kb[p], status_kb(p, "VmRSS"))
+                    self.peak_kb[p] = max(self.peak_kb[p], status_kb("VmRSS", p))
                 except (OSError, KeyError):
                     pass
             self._halt.wait(self.period)
@@ -376,16 +180,16 @@ def measured_upload(client, path, key, pids, expect) -> dict:
     before = {}
     peak_reset = all(reset_peak(p) for p in pids)
     for p in pids:
-        before[p] = status_kb(p, "VmRSS")
+        before[p] = status_kb("VmRSS", p)
     sampler = RssSampler(pids)
-    cpu_before = sum(cpu_seconds(p) for p in pids)
+    cpu_before = cpu_seconds(pids)
     sampler.start()
     seconds, body = upload(client, path, key)
     sampled = sampler.stop()
-    cpu = sum(cpu_seconds(p) for p in pids) - cpu_before
+    cpu = cpu_seconds(pids) - cpu_before
     growth_kb = 0
     for p in pids:
-        peak = max(sampled[p], status_kb(p, "VmHWM") if peak_reset else 0)
+        peak = max(sampled[p], status_kb("VmHWM", p) if peak_reset else 0)
         growth_kb = max(growth_kb, peak - before[p])
     size, records, sha = expect
     if (body["bytes"], body["records"], body["sha256"]) != (size, records, sha):
@@ -460,12 +264,7 @@ def main() -> None:
                     flush=True,
                 )
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 

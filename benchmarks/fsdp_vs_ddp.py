@@ -1,0 +1,186 @@
+"""FSDP2 vs DDP: step time and peak memory per process, 2 CPU processes, full fine-tuning.
+
+Model: SmolLM2-135M's exact shape (30 layers, width 576, vocab 49152, tied head; config as in
+trainer.modeling.sources' built-in) with random weights (the speed and memory of a step do not
+depend on the values), tiny-llama's tokenizer. Job: offline+humanline DPO (k=1), fp32, global
+batch 4 pairs of ~64 prompt + 64 completion tokens, launched exactly as the worker launches a
+2-process CPU job (worker.launch: torchrun, gloo), once with `parallelism.strategy: ddp` and
+once with `fsdp`, alternating `--repeats` times so machine drift hits both alike.
+
+Each rank builds the trainer, runs the steps, then writes the end-of-run checkpoint and the
+export, and reports its peak RSS (VmHWM) after the steps and after the checkpoint + export.
+
+Figures (targets from issue 11):
+  step_time_ratio   median step time FSDP ÷ DDP, first step excluded (≤ 1.3)
+  peak_rss_ratio    peak RSS per process FSDP ÷ DDP, the larger rank, whole run (≤ 0.6)
+`--quick` runs the same on a 2-layer model of the same width and vocab for 3 steps (about a
+minute on an idle 2-core machine; its memory ratio says little, the embedding dominates). The last line printed is one JSON
+object with every figure and its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SMOLLM2_SHAPE = dict(
+    hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+    rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=100000.0,
+)
+WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def build_model(root: Path, layers: int) -> Path:
+    """SmolLM2's shape, random weights, tiny-llama's tokenizer (ids < 512 fit any vocab)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from trainer.modeling import resolve_model
+
+    out = root / "model"
+    config = LlamaConfig(**{**SMOLLM2_SHAPE, "num_hidden_layers": layers})
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(resolve_model("tiny-llama")).save_pretrained(out)
+    return out
+
+
+def make_data(model_dir: Path, path: Path, n: int = 32, tokens: int = 64) -> Path:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def text(count: int) -> str:
+        words: list[str] = []
+        while len(tok(" ".join(words), add_special_tokens=False)["input_ids"]) < count:
+            words.append(WORDS[len(words) % len(WORDS)])
+        return " ".join(words)
+
+    prompt, answer = text(tokens), text(tokens - 2)
+    rows = [{"prompt": f"{i} {prompt}", "chosen": f"yes {answer}", "rejected": f"no {answer}"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def spec_dict(model_dir: Path, data: Path, strategy: str, steps: int) -> dict:
+    return {
+        "base_model": str(model_dir), "training_file": str(data), "objective": "dpo",
+        "variant": "offline+humanline", "batch_size": 4, "max_steps": steps, "max_length": 256,
+        "max_prompt_length": 128, "quality_sample": 0, "optim": {"lr": 1e-5, "warmup_ratio": 0.0},
+        "parallelism": {"strategy": strategy},
+    }
+
+
+# ---- one rank (started by torchrun through the worker's argv) ------------------------------------
+def rank_main(spec_path: Path, out: Path) -> None:
+    import torch
+
+    from contract.spec import load_spec
+    from trainer.train import Trainer
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    trainer = Trainer(load_spec(spec_path), out, progress=False)
+    times = []
+    for step in range(1, trainer.total + 1):
+        times.append(trainer.step(step)["step_time"])
+    after_steps = peak_rss_mb()
+    trainer.save(trainer.total)
+    trainer.parallel.export(trainer.model, trainer.tokenizer, out / "final")
+    trainer.accelerator.wait_for_everyone()
+    rank = trainer.accelerator.process_index
+    (out / f"bench-rank-{rank}.json").write_text(json.dumps(
+        {"step_times": times, "rss_after_steps_mb": after_steps, "rss_peak_mb": peak_rss_mb()}))
+    trainer.parallel.close()
+
+
+def run_job(root: Path, model_dir: Path, data: Path, strategy: str, steps: int, tag: str) -> dict:
+    from worker.launch import trainer_command
+    from worker.routing import Placement, trainer_env
+
+    out = root / f"{strategy}-{tag}"
+    spec = root / f"{strategy}-{tag}.json"
+    spec.write_text(json.dumps(spec_dict(model_dir, data, strategy, steps)))
+    place = Placement(2, cpu=True)
+    argv = trainer_command(sys.executable, spec, out, resume=False, place=place)
+    # the worker's launcher, pointed at this file's rank entry point instead of `-m trainer run`
+    argv = argv[: argv.index("-m", 3)] + [str(Path(__file__).resolve()), "--rank", str(spec), str(out)]
+    env = {**trainer_env(place), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(f"{strategy} run failed:\n{proc.stderr[-4000:]}")
+    ranks = [json.loads((out / f"bench-rank-{r}.json").read_text()) for r in (0, 1)]
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "step_s": statistics.median(ranks[0]["step_times"][1:] or ranks[0]["step_times"]),
+        "rss_after_steps_mb": max(r["rss_after_steps_mb"] for r in ranks),
+        "rss_peak_mb": max(r["rss_peak_mb"] for r in ranks),
+        "rss_peak_per_rank_mb": [round(r["rss_peak_mb"], 1) for r in ranks],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--rank", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(Path(args.rank[0]), Path(args.rank[1]))
+        return
+    layers = 2 if args.quick else SMOLLM2_SHAPE["num_hidden_layers"]
+    steps = args.steps or (3 if args.quick else 8)
+    repeats = args.repeats or (1 if args.quick else 2)
+    with tempfile.TemporaryDirectory(prefix="fsdp-bench-") as tmp:
+        root = Path(tmp)
+        model_dir = build_model(root, layers)
+        data = make_data(model_dir, root / "pairs.jsonl")
+        runs: dict[str, list[dict]] = {"ddp": [], "fsdp": []}
+        for i in range(repeats):
+            for strategy in ("ddp", "fsdp"):
+                result = run_job(root, model_dir, data, strategy, steps, str(i))
+                runs[strategy].append(result)
+                print(f"{strategy} #{i}: step {result['step_s']:.3f} s, peak RSS per rank "
+                      f"{result['rss_peak_per_rank_mb']} MB (after steps {result['rss_after_steps_mb']:.0f} MB), "
+                      f"wall {result['wall_s']:.1f} s", flush=True)
+    med = {s: {k: statistics.median(r[k] for r in rs) for k in ("step_s", "rss_peak_mb", "rss_after_steps_mb")}
+           for s, rs in runs.items()}
+    step_ratio = med["fsdp"]["step_s"] / med["ddp"]["step_s"]
+    rss_ratio = med["fsdp"]["rss_peak_mb"] / med["ddp"]["rss_peak_mb"]
+    summary = {
+        "model": f"SmolLM2-135M shape, {layers} layers, random weights, fp32", "processes": 2,
+        "steps": steps, "repeats": repeats, "quick": args.quick,
+        "load_avg_1m": os.getloadavg()[0],
+        "ddp_step_s": round(med["ddp"]["step_s"], 4), "fsdp_step_s": round(med["fsdp"]["step_s"], 4),
+        "step_time_ratio": round(step_ratio, 3), "step_time_ratio_target": 1.3,
+        "ddp_peak_rss_mb": round(med["ddp"]["rss_peak_mb"], 1), "fsdp_peak_rss_mb": round(med["fsdp"]["rss_peak_mb"], 1),
+        "peak_rss_ratio": round(rss_ratio, 3), "peak_rss_ratio_target": 0.6,
+        "peak_rss_ratio_steps_only": round(med["fsdp"]["rss_after_steps_mb"] / med["ddp"]["rss_after_steps_mb"], 3),
+        "met": {"step_time_ratio": step_ratio <= 1.3, "peak_rss_ratio": rss_ratio <= 0.6},
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

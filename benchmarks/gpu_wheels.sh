@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Download the small wheels benchmarks/gpu_smoke.sh needs on a bare GPU machine (CPython 3.12,
+# manylinux x86_64; torch, transformers, accelerate and peft are already there) into the
+# git-ignored .gpu-wheels/, at the versions of requirements/cpu.lock (< 5 MiB in all):
+#   pydantic (+ core, annotated-types, typing-inspection, typing-extensions): contract.spec
+#   trl, datasets (+ dill, multiprocess, fsspec's pinned version): the TRL comparison
+# pyarrow, pandas, xxhash come from the GPU image (datasets needs pyarrow >= 24).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PKGS="pydantic pydantic-core annotated-types typing-inspection typing-extensions trl datasets dill multiprocess fsspec"
+reqs=()
+for p in $PKGS; do
+    v=$(grep -i "^$p==" requirements/cpu.lock | head -1 | cut -d= -f3)
+    [ -n "$v" ] || { echo "$p is not in requirements/cpu.lock" >&2; exit 1; }
+    reqs+=("$p==$v")
+done
+platforms=()
+for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_28_x86_64 manylinux_2_34_x86_64 manylinux1_x86_64 any; do
+    platforms+=(--platform "$p")
+done
+mkdir -p .gpu-wheels
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d .gpu-wheels "${reqs[@]}"
+ls .gpu-wheels && du -sh .gpu-wheels
