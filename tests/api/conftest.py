@@ -7,11 +7,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from api.main import create_app
+from models import jobs as job_states
 from models.settings import Settings
 from models.tables import Job
 from models.teams import create_api_key, create_team
@@ -53,6 +55,7 @@ def settings(db_url, tmp_path) -> Settings:
         MAX_UPLOAD_BYTES=64 * 1024,
         MAX_LINE_BYTES=4096,
         MAX_JOBS_PER_TEAM=5,
+        UPLOAD_MAX_PER_TEAM=32,  # tests/faults races 20 uploads of one team
         SSE_POLL_SECONDS=0.02,
         LOG_LEVEL="WARNING",
     )
@@ -135,4 +138,46 @@ def train_file(client, team_a) -> str:
 
 
 def job_body(file_id: str, **overrides) -> dict:
-    return {"base_model": "tiny-llama", "training_file": file_id, "objective": "dpo", **overrides}
+    # batch 4: the 4-pair PREFERENCE file (a larger default batch is fitted with a warning)
+    return {
+        "base_model": "tiny-llama", "training_file": file_id, "objective": "dpo", "batch_size": 4,
+        **overrides,
+    }
+
+
+def checkpoint_file(client, headers: dict, job_id: str, step: int, name: str, **kw):
+    """GET a file of a job's checkpoint (`kw`: follow_redirects=False, to see a redirect)."""
+    url = f"/v1/jobs/{job_id}/checkpoints/{step}/download"
+    return client.get(url, headers=headers, params={"file": name}, **kw)
+
+
+def presigned_checkpoint_file(client, headers: dict, job_id: str, step: int, name: str):
+    """The file fetched from the presigned URL its download redirects to (an S3 store)."""
+    r = checkpoint_file(client, headers, job_id, step, name, follow_redirects=False)
+    assert r.status_code == 307, r.text
+    return httpx.get(r.headers["location"], timeout=10)
+
+
+def create_job(client, team: TeamClient, file_id: str, **overrides) -> dict:
+    """POST /v1/jobs with job_body(file_id, **overrides); the 201's job."""
+    r = client.post("/v1/jobs", headers=team.headers, json=job_body(file_id, **overrides))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def job_rows(db_sessions) -> int:
+    with db_sessions() as s:
+        return s.execute(select(func.count()).select_from(Job)).scalar_one()
+
+
+def claim_job(db_sessions, job_id: str, worker: str = "w1") -> None:
+    """The job claimed by `worker`, as a worker would (models.jobs.claim)."""
+    with db_sessions() as s:
+        assert job_states.claim(s, job_id, worker, 60) is not None
+        s.commit()
+
+
+def finish_job(db_sessions, job_id: str, status: str = "succeeded", worker: str = "w1") -> None:
+    with db_sessions() as s:
+        assert job_states.finish(s, job_id, worker, status)
+        s.commit()

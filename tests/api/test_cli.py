@@ -1,15 +1,14 @@
-"""`humanline-server` admin commands, the embedded-worker hook and the job queues."""
+"""`humanline-server` admin commands and the embedded-worker hook (the queues: test_queues)."""
 
 from __future__ import annotations
 
 import sys
-import threading
 import types
 
 import pytest
 from typer.testing import CliRunner
 
-from api import deps
+from api import queues
 from api.cli import app, start_embedded_worker
 from models.db import make_session_factory
 from models.settings import Settings, get_settings
@@ -41,6 +40,53 @@ def test_migrate_create_team_and_key(env_db):
         assert team_for_key(s, secret).name == "acme"
     missing = runner.invoke(app, ["create-key", "nobody"])
     assert missing.exit_code != 0
+
+
+def test_keys_are_listed_by_id_and_revoked(env_db):
+    """Issue 14 #10: create-key prints the key's id; `keys list` shows ids, never secrets;
+    `keys revoke` stops the key."""
+    runner = CliRunner()
+    runner.invoke(app, ["migrate"])
+    runner.invoke(app, ["create-team", "acme"])
+    made = [runner.invoke(app, ["create-key", "acme", "--name", f"k{i}"]) for i in range(2)]
+    secrets = [m.stdout.strip() for m in made]
+    ids = [m.stderr.split("key id: ")[1].split()[0] for m in made]
+    assert all(i.startswith("key-") for i in ids) and len(set(ids)) == 2
+    listed = runner.invoke(app, ["keys", "list", "acme"])
+    assert listed.exit_code == 0
+    lines = listed.stdout.strip().splitlines()[1:]
+    assert [line.split("\t")[0] for line in lines] == ids
+    assert [line.split("\t")[2] for line in lines] == ["k0", "k1"]
+    assert all(line.endswith("active") for line in lines)
+    assert not any(s in listed.stdout for s in secrets)
+    assert secrets[0][:10] + "..." in lines[0]
+    revoked = runner.invoke(app, ["keys", "revoke", ids[0]])
+    assert revoked.exit_code == 0, revoked.output
+    with make_session_factory(env_db)() as s:
+        assert team_for_key(s, secrets[0]) is None
+        assert team_for_key(s, secrets[1]).name == "acme"
+    lines = runner.invoke(app, ["keys", "list", "acme"]).stdout.strip().splitlines()[1:]
+    assert "revoked" in lines[0] and lines[1].endswith("active")
+    assert runner.invoke(app, ["keys", "revoke", ids[0]]).exit_code != 0  # already revoked
+    assert runner.invoke(app, ["keys", "revoke", "key-nope"]).exit_code != 0
+    assert runner.invoke(app, ["keys", "list", "nobody"]).exit_code != 0
+
+
+def test_serve_leaves_forwarded_headers_to_trusted_proxies(env_db, monkeypatch):
+    """Issue 14 #6: uvicorn trusts X-Forwarded-For from loopback by default, so a rotating
+    header from 127.0.0.1 bypassed the failed-login limiter; the app decides (TRUSTED_PROXIES)."""
+    import uvicorn
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setenv("BROKER_URL", "redis://127.0.0.1:6379/0")
+    get_settings.cache_clear()
+    try:
+        for args in (["serve", "--no-migrate"], ["serve", "--no-migrate", "--workers", "2"]):
+            assert CliRunner().invoke(app, args).exit_code == 0
+    finally:
+        get_settings.cache_clear()
+    assert [kw.get("proxy_headers") for kw in calls] == [False, False]
 
 
 def test_settings_come_from_the_environment(monkeypatch):
@@ -79,72 +125,7 @@ def test_embedded_worker_hook_explains_a_missing_worker(monkeypatch):
     with pytest.raises(SystemExit, match="worker.embedded"):
         start_embedded_worker(Settings(BROKER_URL="memory://"))
     with pytest.raises(RuntimeError, match="worker.embedded"):
-        deps.EmbeddedQueue().enqueue("job-1")
-
-
-def test_embedded_queue_hands_jobs_to_the_worker(monkeypatch):
-    got = []
-    fake = types.ModuleType("worker.embedded")
-    fake.enqueue = got.append
-    monkeypatch.setitem(sys.modules, "worker.embedded", fake)
-    deps.EmbeddedQueue().enqueue("job-1")
-    assert got == ["job-1"]
-
-
-def test_default_queue_follows_the_broker_url():
-    assert isinstance(deps.default_queue(Settings(BROKER_URL="memory://")), deps.EmbeddedQueue)
-    queue = deps.default_queue(Settings(BROKER_URL="redis://h:6379/0", CELERY_QUEUE="gpu-a100"))
-    assert isinstance(queue, deps.BackgroundQueue) and isinstance(queue, deps.JobQueue)
-    assert isinstance(queue.inner, deps.CeleryQueue) and queue.inner.queue == "gpu-a100"
-
-
-def test_background_queue_sends_in_order_and_survives_broker_errors(caplog):
-    sent, done = [], threading.Event()
-
-    class Flaky:
-        def enqueue(self, job_id):
-            if job_id == "job-2":
-                raise ConnectionError("broker down")
-            sent.append(job_id)
-            if job_id == "job-4":
-                done.set()
-
-    queue = deps.BackgroundQueue(Flaky())
-    for i in range(1, 5):
-        queue.enqueue(f"job-{i}")  # returns at once: the sender thread talks to the broker
-    assert done.wait(10)
-    assert sent == ["job-1", "job-3", "job-4"]  # job-2 stays queued in the DB for the sweep
-    assert any("could not enqueue" in r.getMessage() for r in caplog.records)
-
-
-def test_celery_queue_sends_run_job_by_name(monkeypatch):
-    sent = []
-
-    class FakeCelery:
-        def send_task(self, name, args, **options):
-            sent.append((name, args, options))
-
-    queue = deps.CeleryQueue("redis://h:6379/0", "gpu")
-    monkeypatch.setattr(queue, "_app", lambda: FakeCelery())
-    queue.enqueue("job-7")
-    assert sent == [("worker.tasks.run_job", ["job-7"], {"queue": "gpu"})]
-
-
-def test_celery_queue_reaches_a_real_redis_broker():
-    redis = pytest.importorskip("redis")
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
-    try:
-        client.ping()
-    except Exception:  # noqa: BLE001
-        pytest.skip("no Redis on 127.0.0.1:6379")
-    name = "humanline-test-queue"
-    client.delete(name)
-    try:
-        deps.CeleryQueue("redis://127.0.0.1:6379/0", name).enqueue("job-redis")
-        assert client.llen(name) == 1
-        assert b"worker.tasks.run_job" in client.lindex(name, 0)
-    finally:
-        client.delete(name)
+        queues.EmbeddedQueue().enqueue("job-1")
 
 
 def test_serve_with_several_workers_needs_a_broker(env_db, monkeypatch):

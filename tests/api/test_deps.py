@@ -1,12 +1,9 @@
 """api/deps.py under concurrency: request sessions never deadlock the thread pool against the
-connection pool, and the Celery client is created once however many threads enqueue at once."""
+connection pool."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import anyio
@@ -43,43 +40,6 @@ def test_a_burst_larger_than_the_pools_is_served_without_deadlock(
         assert asyncio.run(asyncio.wait_for(burst(), 60)) == [200] * 20
     finally:
         engine.dispose()
-
-
-def test_concurrent_first_enqueues_create_one_celery_client():
-    """celery swaps its package for a lazy module on first import; threads importing it at
-    once used to get "cannot import name 'Celery'" (a fresh interpreter: first import)."""
-    code = textwrap.dedent(
-        """
-        import threading
-        from api.deps import CeleryQueue
-
-        queue, barrier, apps, errors = CeleryQueue("redis://127.0.0.1:1/0"), threading.Barrier(16), [], []
-
-        def first_use():
-            barrier.wait()
-            try:
-                apps.append(queue._app())
-            except Exception as exc:
-                errors.append(repr(exc))
-
-        threads = [threading.Thread(target=first_use) for _ in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        print(len(errors), len({id(a) for a in apps}))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "1"], done.stdout + done.stderr
 
 
 def test_autocommit_reads_open_no_transaction_and_leave_the_pool_as_it_was(db_url):

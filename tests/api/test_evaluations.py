@@ -37,11 +37,11 @@ class RecordingEvalQueue:
 
 
 @pytest.fixture(autouse=True)
-def eval_env(monkeypatch):
-    monkeypatch.setenv("EVAL_JUDGE_BASE_URLS", f"{JUDGE_URL}/, http://other:1/v1")
-    monkeypatch.setenv("EVAL_JUDGE_API_KEY", SECRET)
-    monkeypatch.setenv("EVAL_REWARD_MODELS", "armorm=/models/armorm,tiny=/models/tiny")
-    monkeypatch.delenv("MAX_EVALS_PER_TEAM", raising=False)
+def eval_env(settings):
+    """The operator's evaluation settings (fields of Settings)."""
+    settings.EVAL_JUDGE_BASE_URLS = f"{JUDGE_URL}/, http://other:1/v1"
+    settings.EVAL_JUDGE_API_KEY = SECRET
+    settings.EVAL_REWARD_MODELS = "armorm=/models/armorm,tiny=/models/tiny"
 
 
 @pytest.fixture
@@ -295,14 +295,49 @@ def test_idempotent_create(client, team_a, math_file, eval_queue, db_sessions):
     assert other.status_code == 409
 
 
-def test_active_evaluations_per_team_are_limited(
-    client, team_a, math_file, eval_queue, monkeypatch
-):
-    monkeypatch.setenv("MAX_EVALS_PER_TEAM", "2")
+def test_active_evaluations_per_team_are_limited(client, team_a, math_file, eval_queue, settings):
+    settings.MAX_EVALS_PER_TEAM = 2
     assert _post(client, team_a, _math(math_file)).status_code == 201
     assert _post(client, team_a, _math(math_file)).status_code == 201
     r = _post(client, team_a, _math(math_file))
     assert r.status_code == 429
+
+
+def test_concurrent_creates_respect_the_evaluation_limit(
+    client, team_a, math_file, eval_queue, settings, db_sessions
+):
+    """Issue 14 #7: the check was count-then-insert, so 30 concurrent creates made 12 under a
+    limit of 10 (SQLite and PostgreSQL). Now insert, then count under the team's lock."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy import func, select
+
+    from models.tables import Evaluation
+
+    settings.MAX_EVALS_PER_TEAM = 10
+    n = 30
+    barrier = threading.Barrier(n)
+
+    def create(_):
+        barrier.wait()
+        return _post(client, team_a, _math(math_file)).status_code
+
+    with ThreadPoolExecutor(n) as pool:
+        codes = list(pool.map(create, range(n)))
+    assert codes.count(201) == 10 and set(codes) == {201, 429}, codes
+    with db_sessions() as s:
+        assert s.execute(select(func.count()).select_from(Evaluation)).scalar_one() == 10
+
+
+def test_a_job_naming_more_evaluations_than_the_limit_is_refused(
+    client, team_a, math_file, settings
+):
+    settings.MAX_EVALS_PER_TEAM = 1
+    train = upload(client, team_a).json()["id"]
+    evals = [{"file_id": math_file, "kind": "math"}] * 2
+    r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train, evaluations=evals))
+    assert r.status_code == 422 and r.json()["error"]["field"] == "evaluations"
 
 
 def test_enqueue_failure_does_not_fail_the_request(client, team_a, math_file, eval_queue):

@@ -293,6 +293,8 @@ def test_a_failure_after_storing_removes_the_object(
     assert r.json()["error"] == {
         "message": "internal server error",
         "type": "internal_error",
+        "param": None,
+        "code": None,
         "request_id": r.headers["x-request-id"],
     }
     assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
@@ -362,3 +364,24 @@ def test_a_body_cut_before_its_last_boundary_is_400_and_leaves_nothing(
     r = client.post("/v1/files", headers={**team_a.headers, **headers}, content=body[:-30])
     assert r.status_code == 400, r.text
     assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
+
+
+def test_unknown_columns_are_listed_as_warnings_on_the_file(client, team_a):
+    content = jsonl([{"prompt": "Q", "chosen": "a", "rejected": "b", "score": 1}] * 2)
+    r = upload(client, team_a, content)
+    assert r.status_code == 201, r.text
+    assert r.json()["warnings"] == ["line 1: unknown column 'score' is ignored"]
+    again = client.get(f"/v1/files/{r.json()['id']}", headers=team_a.headers).json()
+    assert again["warnings"] == r.json()["warnings"]
+
+
+def test_every_error_of_a_line_comes_back_with_its_field(client, team_a, store):
+    content = jsonl([
+        {"prompt": "Q", "chosen": "a", "rejected": "b"},
+        {"prompt": "", "chosen": "same", "rejected": "same"},
+    ])
+    r = upload(client, team_a, content)
+    assert r.status_code == 422
+    errors = r.json()["error"]["errors"]
+    assert [(e["line"], e["field"]) for e in errors] == [(2, "prompt"), (2, "rejected")]
+    assert "identical" in errors[1]["message"] and stored_objects(store) == []

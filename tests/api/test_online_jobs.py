@@ -8,7 +8,10 @@ PROMPTS = jsonl([{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in 
 
 
 def _online(file_id: str, **online) -> dict:
-    return job_body(file_id, variant="online+humanline", objective="grpo", max_steps=4, online=online)
+    return job_body(
+        file_id, variant="online+humanline", objective="grpo", max_steps=4, online=online,
+        batch_size=None,  # the default: whole groups of online.num_samples
+    )
 
 
 def test_online_job_trains_on_a_prompt_file(client, team_a, train_file):

@@ -11,21 +11,11 @@ import textwrap
 from pathlib import Path
 
 from models import jobs as job_states
-from models.tables import Evaluation, File, Job
+from models.tables import File, Job
 from tests.api.conftest import job_body, upload
+from tests.fixtures.rows import DQ, add_evaluation
 
 REPO = Path(__file__).resolve().parents[2]
-DQ = {
-    "n": 8,
-    "mean": -0.5,
-    "quantiles": {"min": -1.0, "q25": -0.7, "median": -0.5, "q75": -0.3, "max": 0.0},
-    "histogram": {"counts": [1, 2, 3, 2], "edges": [-1.0, -0.75, -0.5, -0.25, 0.0]},
-    "fraction_at_or_below_low_quartile": 0.6,
-    "low_quartile_top": -0.36,
-    "warning": None,
-}
-
-
 def _trained_job(client, team, db_sessions, variant="offline+humanline", objective="dpo") -> str:
     """A job that ran 5 steps, scored its data and succeeded, as the worker would record it."""
     train = upload(client, team).json()["id"]
@@ -59,28 +49,9 @@ def _trained_job(client, team, db_sessions, variant="offline+humanline", objecti
     return job["id"]
 
 
-def _evaluation(
-    db_sessions, team_id, job_id, value, *, kind="instruction", status="succeeded", file_id=None
-):
-    metric = "lc_win_rate" if kind == "instruction" else "pass_at_1"
-    with db_sessions() as s:
-        row = Evaluation(
-            team_id=team_id,
-            job_id=job_id,
-            kind=kind,
-            status=status,
-            file_id=file_id,
-            config={"step": None, "judge": {"type": "openai", "model": "m"}},
-            result={"metrics": {metric: {"value": value, "se": 0.02, "n": 100}}},
-        )
-        s.add(row)
-        s.commit()
-        return row.id
-
-
 def test_job_report_json(client, team_a, db_sessions):
     job_id = _trained_job(client, team_a, db_sessions)
-    eid = _evaluation(db_sessions, team_a.id, job_id, 0.41)
+    eid = add_evaluation(db_sessions, job_id, 0.41)
     r = client.get(f"/v1/jobs/{job_id}/report", headers=team_a.headers)
     assert r.status_code == 200, r.text
     rep = r.json()
@@ -107,7 +78,7 @@ def test_job_report_json(client, team_a, db_sessions):
 
 def test_job_report_html(client, team_a, db_sessions):
     job_id = _trained_job(client, team_a, db_sessions)
-    _evaluation(db_sessions, team_a.id, job_id, 0.41)
+    add_evaluation(db_sessions, job_id, 0.41)
     r = client.get(f"/v1/jobs/{job_id}/report", headers=team_a.headers, params={"format": "html"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "default-src 'none'" in r.headers["content-security-policy"]
@@ -136,10 +107,10 @@ def test_job_report_is_team_isolated(client, team_a, team_b, db_sessions):
 def test_compare_jobs(client, team_a, db_sessions):
     off = _trained_job(client, team_a, db_sessions, variant="offline")
     hl = _trained_job(client, team_a, db_sessions, variant="offline+humanline")
-    _evaluation(db_sessions, team_a.id, off, 0.30)
-    _evaluation(db_sessions, team_a.id, hl, 0.45)
-    _evaluation(db_sessions, team_a.id, hl, 0.90, status="failed")  # ignored
-    _evaluation(db_sessions, team_a.id, hl, 0.25, kind="math")
+    add_evaluation(db_sessions, off, 0.30)
+    add_evaluation(db_sessions, hl, 0.45)
+    add_evaluation(db_sessions, hl, 0.90, status="failed")  # ignored
+    add_evaluation(db_sessions, hl, 0.25, kind="math")
     r = client.get(
         "/v1/reports/compare",
         headers=team_a.headers,
@@ -161,7 +132,10 @@ def test_compare_jobs(client, team_a, db_sessions):
     ).json()
     assert [row["value"] for row in math["rows"]] == [None, 0.25]
     html = client.get("/v1/reports/compare", headers=team_a.headers, params={"jobs": f"{off},{hl}"})
-    assert html.status_code == 200 and html.text.count("<svg") == 1
+    assert html.status_code == 200 and "by objective and variant" in html.text
+    # the route passes each job's metrics and timing: cost, quality vs cost, curves
+    assert "against cost" in html.text and "Training curves" in html.text
+    assert html.text.count("<svg") >= 3
     assert not re.search(r"https?://", html.text)
 
 

@@ -3,14 +3,13 @@ checkpoint downloads redirect to presigned URLs that work."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from models import jobs as job_states
 from storage.keys import checkpoint_prefix
-from tests.api.conftest import PREFERENCE, job_body, upload
+from tests.api.conftest import PREFERENCE, job_body, presigned_checkpoint_file, upload
 
 pytestmark = pytest.mark.parametrize("db_backend", ["sqlite"], indirect=True)
 
@@ -39,14 +38,7 @@ def test_uploads_and_checkpoint_downloads_on_s3(s3_client, s3_store, team_a, db_
     with db_sessions() as s:
         job_states.add_checkpoint(s, job_id, 2, prefix, bytes=7000, files=["model.safetensors"])
         s.commit()
-    r = client.get(
-        f"/v1/jobs/{job_id}/checkpoints/2/download",
-        headers=team_a.headers,
-        params={"file": "model.safetensors"},
-        follow_redirects=False,
-    )
-    assert r.status_code == 307
-    fetched = httpx.get(r.headers["location"], timeout=10)
+    fetched = presigned_checkpoint_file(client, team_a.headers, job_id, 2, "model.safetensors")
     assert fetched.status_code == 200 and fetched.content == b"weights" * 1000
 
     client.post(f"/v1/jobs/{job_id}/cancel", headers=team_a.headers)  # frees the file

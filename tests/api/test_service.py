@@ -105,17 +105,71 @@ def test_query_validation_errors_name_the_field(client, team_a):
     assert err["field"] == "status"
 
 
-def test_health_ready_and_metrics(client, team_a):
-    assert client.get("/healthz").json()["status"] == "ok"
-    ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
-    client.get("/v1/files", headers=team_a.headers)
-    client.get("/v1/files/file-123", headers=team_a.headers)
-    text = client.get("/metrics").text
+def _assert_metrics(text: str) -> None:
     assert 'humanline_http_requests_total{method="GET",route="/v1/files",status="200"}' in text
     assert 'route="/v1/files/{file_id}",status="404"' in text
     assert "humanline_http_request_duration_seconds_bucket" in text
     assert 'humanline_jobs{status="queued"} 0.0' in text
+    assert "humanline_uploads_in_progress 0.0" in text
+    assert "humanline_event_streams_open 0.0" in text
+
+
+def test_health_and_ready(client):
+    assert client.get("/healthz").json()["status"] == "ok"
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
+
+
+def test_metrics_are_not_on_the_api_port_by_default(client, team_a):
+    """Issue 14 #11: /metrics was unauthenticated on the teams' port."""
+    client.get("/v1/files", headers=team_a.headers)
+    assert client.get("/metrics").status_code == 404
+    assert client.get("/metrics", headers=team_a.headers).status_code == 404
+    assert "/metrics" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_metrics_on_the_api_port_when_the_operator_says_so(settings, store, queue, db_sessions,
+                                                          team_a):  # fmt: skip
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+
+    on = settings.model_copy(update={"METRICS_ON_API_PORT": True})
+    client = TestClient(create_app(on, store=store, queue=queue, session_factory=db_sessions))
+    client.get("/v1/files", headers=team_a.headers)
+    client.get("/v1/files/file-123", headers=team_a.headers)
+    _assert_metrics(client.get("/metrics").text)
+
+
+def test_metrics_on_their_own_port(settings, store, queue, db_sessions, team_a):
+    import socket
+
+    import httpx
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app, serve_metrics
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    own = settings.model_copy(update={"METRICS_PORT": port})
+    app = create_app(own, store=store, queue=queue, session_factory=db_sessions)
+    client = TestClient(app)
+    server = serve_metrics(app)
+    assert server is not None
+    try:
+        client.get("/v1/files", headers=team_a.headers)
+        client.get("/v1/files/file-123", headers=team_a.headers)
+        assert client.get("/metrics").status_code == 404  # not on the API's port
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert r.status_code == 200
+        _assert_metrics(r.text)
+        assert serve_metrics(app) is None  # the port is taken: logged, not fatal
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert serve_metrics(create_app(settings, store=store, queue=queue,
+                                    session_factory=db_sessions)) is None  # fmt: skip
 
 
 def test_readyz_is_503_without_a_database(settings, store, queue):

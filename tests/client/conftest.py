@@ -43,7 +43,7 @@ from models.settings import Settings
 from models.tables import Job
 from models.teams import create_api_key, create_team
 from storage import open_store
-from storage.keys import checkpoint_prefix
+from storage.keys import checkpoint_prefix, job_prefix
 
 MAX_JOBS_PER_TEAM = 6
 
@@ -58,6 +58,14 @@ PREFERENCE = jsonl(
         for i in range(8)
     ]
 )
+
+
+# What `Driver.run` exports as a job's final model (an adapter directory, as peft writes it).
+MODEL_FILES = {
+    "adapter_model.safetensors": b"final-adapter" * 8,
+    "adapter_config.json": b'{"base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}',
+    "README.md": b"# model card\n",
+}
 
 
 # --- the fault-injecting middleware ---------------------------------------------------------
@@ -218,15 +226,16 @@ async def _send_error(send, code: int, extra: dict[str, str]) -> None:
 
 @dataclass
 class HookQueue:
-    """The API's job queue: records ids and hands them to `handler` when a test sets one."""
+    """One of the API's queues (jobs, evaluations): records the ids sent, and hands each to
+    `handler` when a test sets one."""
 
-    job_ids: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
     handler: Callable[[str], None] | None = None
 
-    def enqueue(self, job_id: str) -> None:
-        self.job_ids.append(job_id)
+    def enqueue(self, id_: str) -> None:
+        self.ids.append(id_)
         if self.handler is not None:
-            self.handler(job_id)
+            self.handler(id_)
 
 
 @dataclass
@@ -320,6 +329,31 @@ def client(server, team):
 
 
 @pytest.fixture
+def aclient_args(server, team) -> dict[str, Any]:
+    """Keyword arguments of an AsyncClient for the test's team."""
+    return {"base_url": server.url, "api_key": team[1], "timeout": 10, "max_retries": 2}
+
+
+@pytest.fixture
+def cli(server, team):
+    """`cli("jobs", "list", ok=True)`: the `humanline` command (typer's CliRunner) as the
+    test's team; asserts exit status 0 unless ok=False."""
+    from humanline_client.cli import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    env = {"HUMANLINE_BASE_URL": server.url, "HUMANLINE_API_KEY": team[1]}
+
+    def invoke(*args: str, ok: bool = True):
+        result = runner.invoke(app, list(args), env=env)
+        if ok:
+            assert result.exit_code == 0, (result.output, result.exception)
+        return result
+
+    return invoke
+
+
+@pytest.fixture
 def train_file(client) -> str:
     return client.files.upload(file=PREFERENCE, filename="prefs.jsonl").id
 
@@ -370,6 +404,17 @@ class Driver:
             )
         )
 
+    def export_model(self, job_id: str, files: dict[str, bytes]) -> dict[str, Any]:
+        """Upload a final model as the worker does (its files, then a `_COMPLETE` marker)
+        and return the `final_model` entry of the job's result."""
+        with self.server.sessions() as s:
+            team_id = s.get(Job, job_id).team_id
+        prefix = job_prefix(team_id, job_id) + "final/"
+        for name, data in files.items():
+            self.server.store.put_bytes(prefix + name, data)
+        self.server.store.put_bytes(prefix + "_COMPLETE", b"{}")
+        return {"prefix": prefix, "files": list(files)}
+
     def finish(self, job_id: str, status: str = "succeeded", **result: Any) -> None:
         ok = self._tx(
             lambda s: job_states.finish(s, job_id, self.worker, status, result=result or None)
@@ -383,7 +428,8 @@ class Driver:
             time.sleep(delay)
             self.step(job_id, step, loss=round(loss0 / step, 4), clip_fraction=0.1)
         self.checkpoint(job_id, steps, {"adapter_model.safetensors": b"weights" * 10})
-        self.finish(job_id, final_step=steps)
+        final_model = self.export_model(job_id, MODEL_FILES)
+        self.finish(job_id, final_step=steps, final_model=final_model)
 
     def in_background(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> threading.Thread:
         thread = threading.Thread(target=fn, args=args, kwargs=kwargs, daemon=True)

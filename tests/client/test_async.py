@@ -25,11 +25,6 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@pytest.fixture
-def aclient_args(server, team):
-    return {"base_url": server.url, "api_key": team[1], "timeout": 10, "max_retries": 2}
-
-
 def test_files_async(aclient_args, tmp_path):
     async def go():
         async with AsyncClient(**aclient_args) as client:
@@ -112,7 +107,7 @@ def test_jobs_async(aclient_args, train_file, driver, tmp_path):
 
 def test_async_wait_with_progress_and_timeout(aclient_args, train_file, driver, monkeypatch):
     out = io.StringIO()
-    import humanline_client.resources.jobs as jobs_module
+    import humanline_client.resources._job_wait as jobs_module
 
     monkeypatch.setattr(
         jobs_module,

@@ -13,20 +13,6 @@ from .conftest import PREFERENCE
 
 
 @pytest.fixture
-def cli(server, team):
-    runner = CliRunner()
-    env = {"HUMANLINE_BASE_URL": server.url, "HUMANLINE_API_KEY": team[1]}
-
-    def invoke(*args: str, ok: bool = True):
-        result = runner.invoke(app, list(args), env=env)
-        if ok:
-            assert result.exit_code == 0, (result.output, result.exception)
-        return result
-
-    return invoke
-
-
-@pytest.fixture
 def prefs(tmp_path):
     path = tmp_path / "prefs.jsonl"
     path.write_bytes(PREFERENCE)
@@ -221,3 +207,12 @@ def test_jobs_create_wait(cli, auto_worker, train_file):
         "--wait",
     )  # fmt: skip
     assert "waiting" in human.stdout and human.stdout.strip().endswith("succeeded")
+
+
+def test_files_upload_shows_every_error_of_a_line_with_its_field(cli, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "", "chosen": "same", "rejected": "same"}) + "\n")
+    result = cli("files", "upload", str(bad), ok=False)
+    assert result.exit_code == 1
+    assert "line 1: prompt: must not be empty" in result.stderr
+    assert "line 1: rejected: is identical to the preferred answer" in result.stderr

@@ -11,7 +11,7 @@ import sys
 import pytest
 from humanline_client import Client
 
-from .conftest import ROOT, serve
+from .conftest import MODEL_FILES, ROOT, serve
 
 EXAMPLES = ROOT / "examples"
 
@@ -64,7 +64,8 @@ def test_examples_to_completion(server, team, auto_worker, tmp_path):
     out = run_example(server, team[1], "dpo_offline_humanline.py", "--model", "tiny-llama",
                       "--download", str(tmp_path / "ckpt")).stdout  # fmt: skip
     assert "succeeded" in out and "step 4: clip_fraction=0.1, loss=0.175" in out
-    assert (tmp_path / "ckpt" / "adapter_model.safetensors").read_bytes() == b"weights" * 10
+    for name, data in MODEL_FILES.items():  # the exported model, not a checkpoint
+        assert (tmp_path / "ckpt" / name).read_bytes() == data
     out = run_example(server, team[1], "compare_variants.py", "--model", "tiny-llama").stdout
     table = out[out.index("metric") :].splitlines()
     assert table[0].split() == ["metric", "offline", "offline+humanline"]
@@ -96,7 +97,8 @@ def test_examples_with_the_embedded_worker(real_worker_server, tmp_path):
     out = run_example(srv, key, "dpo_offline_humanline.py", "--model", "tiny-llama",
                       "--steps", "2", "--download", str(tmp_path / "ckpt")).stdout  # fmt: skip
     assert "succeeded" in out and "loss=" in out and "clamp_frac=" in out
-    assert (tmp_path / "ckpt" / "weights.safetensors").stat().st_size > 0
+    assert (tmp_path / "ckpt" / "adapter_config.json").stat().st_size > 0
+    assert (tmp_path / "ckpt" / "adapter_model.safetensors").stat().st_size > 0
     # (compare_variants.py trains two such jobs one after the other in the embedded worker,
     # ~30 s more; its fast run above covers the script, this one the real training path.)
 
@@ -108,7 +110,11 @@ def test_online_grpo_example_submits_an_online_job_with_an_evaluation(server, te
     with Client(base_url=server.url, api_key=team[1]) as client:
         (job,) = client.jobs.list(metadata={"example": "online_grpo_math"}).to_list()
         assert job.variant == "online+humanline" and job.spec["online"]["sample_every"] == 8
-        assert [r["name"] for r in job.spec["online"]["rewards"]] == ["tag_count", "format", "math_accuracy"]
+        assert [r["name"] for r in job.spec["online"]["rewards"]] == [
+            "tag_count",
+            "format",
+            "math_accuracy",
+        ]
         assert job.spec["evaluations"][0]["kind"] == "math"
 
 

@@ -26,6 +26,7 @@ from .conftest import MAX_JOBS_PER_TEAM
 def create(client, train_file, **kwargs) -> Job:
     kwargs.setdefault("base_model", "tiny-llama")
     kwargs.setdefault("objective", "dpo")
+    kwargs.setdefault("batch_size", 8)  # the 8-pair file (a larger default adds a warning event)
     return client.jobs.create(training_file=train_file, **kwargs)
 
 
@@ -226,7 +227,7 @@ def test_wait_timeout(client, train_file):
 def test_wait_progress_shows_steps_loss_and_eta(client, train_file, driver, monkeypatch, kind):
     job = create(client, train_file)
     out = io.StringIO()
-    import humanline_client.resources.jobs as jobs_module
+    import humanline_client.resources._job_wait as jobs_module
 
     monkeypatch.setattr(
         jobs_module,

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pytest
+
 from humanline_client import (
     AsyncClient,
     Client,
@@ -22,22 +23,9 @@ from humanline_client import (
     NotFoundError,
     UnprocessableEntityError,
 )
-from humanline_client.cli import app
-from typer.testing import CliRunner
-
-from models.tables import Evaluation as EvaluationRow
+from tests.fixtures.rows import DQ, add_evaluation
 
 from .test_examples import run_example
-
-DQ = {
-    "n": 8,
-    "mean": -0.5,
-    "quantiles": {"min": -1.0, "q25": -0.7, "median": -0.5, "q75": -0.3, "max": 0.0},
-    "histogram": {"counts": [1, 2, 3, 2], "edges": [-1.0, -0.75, -0.5, -0.25, 0.0]},
-    "fraction_at_or_below_low_quartile": 0.6,
-    "low_quartile_top": -0.36,
-    "warning": None,
-}
 
 
 def trained_job(
@@ -52,6 +40,7 @@ def trained_job(
         objective=kw.pop("objective", "dpo"),
         variant=variant,
         seed=11,
+        batch_size=kw.pop("batch_size", 8),  # the 8-pair file (a larger default: a warning)
         **kw,
     )
     driver.start(job.id, total_steps=3)
@@ -67,42 +56,12 @@ def trained_job(
     return job.id
 
 
-def add_evaluation(
-    server,
-    job_id: str,
-    value: float,
-    *,
-    kind: str = "instruction",
-    status: str = "succeeded",
-    file_id: str | None = None,
-    step: int | None = None,
-) -> str:
-    """An evaluation row as the worker leaves it (the summary metrics only)."""
-    metric = "lc_win_rate" if kind == "instruction" else "pass_at_1"
-    with server.sessions() as s:
-        from models.tables import Job as JobRow
-
-        team_id = s.get(JobRow, job_id).team_id
-        row = EvaluationRow(
-            team_id=team_id,
-            job_id=job_id,
-            kind=kind,
-            status=status,
-            file_id=file_id,
-            config={"step": step, "judge": {"type": "openai", "model": "m"}},
-            result={"metrics": {metric: {"value": value, "se": 0.02, "n": 100}}},
-        )
-        s.add(row)
-        s.commit()
-        return row.id
-
-
 # --- jobs.report -------------------------------------------------------------------------------
 
 
 def test_job_report_json(client, server, driver, train_file):
     job_id = trained_job(client, driver, train_file)
-    eid = add_evaluation(server, job_id, 0.41)
+    eid = add_evaluation(server.sessions, job_id, 0.41)
     report = client.jobs.report(job_id)
     assert isinstance(report, JobReport) and report.object == "report" and report._request_id
     assert report.job["id"] == job_id and report.job["status"] == "succeeded"
@@ -122,7 +81,7 @@ def test_job_report_json(client, server, driver, train_file):
 
 def test_job_report_html_and_download(client, server, driver, train_file, tmp_path):
     job_id = trained_job(client, driver, train_file)
-    add_evaluation(server, job_id, 0.41)
+    add_evaluation(server.sessions, job_id, 0.41)
     page = client.jobs.report(job_id, format="html")
     assert isinstance(page, str) and page.lstrip().lower().startswith("<!doctype html")
     assert page.count("<svg") >= 3 and job_id in page and "git:v1.2.3" in page
@@ -191,11 +150,11 @@ def compared(client, server, driver, train_file) -> dict[str, Any]:
         file=b'{"instruction": "Say hi.", "output": "hi"}\n', purpose="eval"
     ).id
     evals = {
-        "off": add_evaluation(server, off, 0.30, file_id=file_id),
-        "hl": add_evaluation(server, hl, 0.45, file_id=file_id),
-        "failed": add_evaluation(server, hl, 0.90, status="failed"),
-        "math": add_evaluation(server, hl, 0.25, kind="math"),
-        "other_file": add_evaluation(server, off, 0.10, step=3),
+        "off": add_evaluation(server.sessions, off, 0.30, file_id=file_id),
+        "hl": add_evaluation(server.sessions, hl, 0.45, file_id=file_id),
+        "failed": add_evaluation(server.sessions, hl, 0.90, status="failed"),
+        "math": add_evaluation(server.sessions, hl, 0.25, kind="math"),
+        "other_file": add_evaluation(server.sessions, off, 0.10, step=3),
     }
     return {"off": off, "hl": hl, "bare": bare, "file_id": file_id, "evals": evals}
 
@@ -233,7 +192,7 @@ def test_compare_json(client, compared):
 def test_compare_html_and_download(client, compared, tmp_path):
     ids = [compared["off"], compared["hl"]]
     page = client.reports.compare(jobs=ids, format="html")
-    assert isinstance(page, str) and page.count("<svg") == 1
+    assert isinstance(page, str) and page.count("<svg") == 3  # Figure 1, cost, curves
     assert all(i in page for i in ids) and not re.search(r"https?://", page)
     dest = client.reports.compare(
         jobs=ids, format="html", metric="win_rate", to=tmp_path / "c.html"
@@ -275,11 +234,11 @@ def test_reports_async(server, team, compared, tmp_path):
             doc = await client.reports.compare(jobs=[compared["off"], compared["hl"]])
             assert isinstance(doc, Comparison) and [r.value for r in doc.rows] == [0.30, 0.45]
             page = await client.reports.compare(jobs=[compared["hl"]], format="html")
-            assert page.count("<svg") == 1
+            assert page.count("<svg") == 3  # Figure 1, cost, curves
             saved = await client.reports.compare(
                 jobs=[compared["hl"]], format="html", to=tmp_path / "c.html"
             )
-            assert saved.read_text().count("<svg") == 1
+            assert saved.read_text().count("<svg") == 3
             with pytest.raises(NotFoundError):
                 await client.jobs.report("job-nope")
             with pytest.raises(UnprocessableEntityError) as info:
@@ -290,20 +249,6 @@ def test_reports_async(server, team, compared, tmp_path):
 
 
 # --- the CLI -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli(server, team):
-    runner = CliRunner()
-    env = {"HUMANLINE_BASE_URL": server.url, "HUMANLINE_API_KEY": team[1]}
-
-    def invoke(*args: str, ok: bool = True):
-        result = runner.invoke(app, list(args), env=env)
-        if ok:
-            assert result.exit_code == 0, (result.output, result.exception)
-        return result
-
-    return invoke
 
 
 @pytest.fixture
@@ -322,7 +267,7 @@ def browser(monkeypatch) -> list[Path]:
 
 def test_cli_jobs_report(cli, client, server, driver, train_file, compared, tmp_path, browser):
     hl = trained_job(client, driver, train_file)
-    eid = add_evaluation(server, hl, 0.45)
+    eid = add_evaluation(server.sessions, hl, 0.45)
     human = cli("jobs", "report", hl).stdout
     assert hl in human and "succeeded" in human and "steps logged: 3 (last 3)" in human
     assert "LAST VALUE" in human and "clamp_frac" in human and "git:v1.2.3" in human
@@ -365,11 +310,11 @@ def test_cli_reports_compare(cli, compared, tmp_path, browser):
     )
     assert filtered["rows"][0]["evaluation_id"] == compared["evals"]["off"]
     warned = cli("reports", "compare", compared["bare"])
-    assert "warning" in warned.stderr and "no succeeded evaluation" in warned.stderr
+    assert "warning" in warned.stderr and "No job has a succeeded evaluation" in warned.stderr
 
     page = tmp_path / "compare.html"
     cli("reports", "compare", off, hl, "--html", str(page), "--open")
-    assert page.read_text().count("<svg") == 1 and browser == [page.resolve()]
+    assert page.read_text().count("<svg") == 3 and browser == [page.resolve()]
     bad = cli("reports", "compare", off, "--metric", "bogus", "--json", ok=False)
     assert bad.exit_code == 1 and json.loads(bad.stderr)["error"]["field"] == "metric"
     gone = cli("reports", "compare", off, "job-nope", ok=False)

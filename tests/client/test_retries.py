@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 from humanline_client import APITimeoutError, ConflictError, InternalServerError, NotFoundError
-from humanline_client._base_client import BaseClient, _retry_after, should_retry
+from humanline_client._base_client import SyncAPIClient, _retry_after, should_retry
 
 from .conftest import PREFERENCE
 
@@ -128,7 +128,7 @@ def test_retry_after_parsing_and_backoff():
     future = email.utils.formatdate(time.time() + 30, usegmt=True)
     assert 28 < _retry_after(headers({"retry-after": future})) <= 30
     assert _retry_after(headers({"retry-after": "soon"})) is None
-    base = BaseClient(
+    base = SyncAPIClient(
         base_url="http://x", api_key="hl_x", timeout=1, max_retries=2, default_headers={}
     )
     for attempt, cap in enumerate([0.5, 1.0, 2.0, 4.0, 8.0, 8.0]):

@@ -1,15 +1,13 @@
 """Evaluation fixtures: the local OpenAI-compatible server (a real tiny-llama behind real
-HTTP), a scripted misbehaving server, a tiny reward model, and a headless-Chromium helper."""
+HTTP), a scripted misbehaving server, and a tiny reward model (headless Chromium: tests.fixtures.browser)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -40,14 +38,14 @@ class LocalServer:
 
 @pytest.fixture(scope="session")
 def local_openai_server() -> Iterator[LocalServer]:
-    """`python -m trainer.evaluation.openai_server --model tiny-llama` on a free port."""
+    """`python -m tools.openai_server --model tiny-llama` on a free port."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "trainer.evaluation.openai_server",
+            "tools.openai_server",
             "--model",
             "tiny-llama",
             "--port",
@@ -201,70 +199,3 @@ def reward_model_dir(tmp_path_factory) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-# --- headless Chromium ------------------------------------------------------------------------
-
-CHROMIUM_PACKAGE = "chromium"  # Debian/Ubuntu: apt-get install -y chromium
-
-
-def chromium_binary() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-@dataclass
-class BrowserResult:
-    screenshot: Path
-    console: list[str]
-    stderr: str
-
-
-def render_in_chromium(
-    html_path: Path, out_png: Path, size: tuple[int, int] = (1280, 2000)
-) -> BrowserResult:
-    """Load a file in headless Chromium, screenshot it, and collect console messages (which
-    include CSP violations: any attempt to load a resource from a report page)."""
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip(f"headless Chromium not installed (apt-get install -y {CHROMIUM_PACKAGE})")
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        proc = subprocess.run(
-            [
-                binary,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--no-first-run",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-extensions",
-                f"--user-data-dir={profile}",
-                "--enable-logging=stderr",
-                "--v=0",
-                "--hide-scrollbars",
-                f"--window-size={size[0]},{size[1]}",
-                f"--screenshot={out_png}",
-                html_path.resolve().as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    console = [ln for ln in proc.stderr.splitlines() if ":CONSOLE" in ln]
-    assert out_png.is_file(), f"no screenshot (rc {proc.returncode}): {proc.stderr[-2000:]}"
-    return BrowserResult(out_png, console, proc.stderr)
-
-
-def non_blank_fraction(png: Path) -> float:
-    """Fraction of pixels that are not (near) white."""
-    import numpy as np
-    from PIL import Image
-
-    img = np.asarray(Image.open(png).convert("L"), dtype=np.uint8)
-    return float((img < 235).mean())

@@ -136,40 +136,35 @@ def test_5xx_is_retried(scripted_server):
         assert judge.judge([PAIR])[0].verdict == "tie"
 
 
+def _seconds_to_fail(server, pairs: list[Pair], match: str | None, **options) -> float:
+    """How long the judge (with these options) takes to raise JudgeError on `pairs`."""
+    with OpenAIJudge(server.base_url, "m", **options) as judge:
+        t0 = time.monotonic()
+        with pytest.raises(JudgeError, match=match):
+            judge.judge(pairs)
+        return time.monotonic() - t0
+
+
 def test_always_failing_raises_judge_error_quickly(scripted_server):
     scripted_server.script = [("status", 500, None)]
-    with OpenAIJudge(
-        scripted_server.base_url, "m", max_attempts=4, backoff=0.05, concurrency=4
-    ) as judge:
-        t0 = time.monotonic()
-        with pytest.raises(JudgeError, match=r"failed after 4 attempt\(s\).*HTTP 500"):
-            judge.judge([PAIR] * 8)
-    assert time.monotonic() - t0 < 5
+    attempts = {"max_attempts": 4, "backoff": 0.05, "concurrency": 4}
+    match = r"failed after 4 attempt\(s\).*HTTP 500"
+    assert _seconds_to_fail(scripted_server, [PAIR] * 8, match, **attempts) < 5
 
 
 def test_the_deadline_bounds_a_hanging_server(scripted_server):
     # Every attempt hangs; many attempts allowed. The deadline (not the attempt count) ends it.
     scripted_server.script = [("sleep", 30.0)]
-    with OpenAIJudge(
-        scripted_server.base_url, "m", timeout=0.6, deadline=1.5, max_attempts=100, backoff=0.01
-    ) as judge:
-        t0 = time.monotonic()
-        with pytest.raises(JudgeError, match="timed out"):
-            judge.judge([PAIR])
-        elapsed = time.monotonic() - t0
+    limits = {"timeout": 0.6, "deadline": 1.5, "max_attempts": 100, "backoff": 0.01}
+    elapsed = _seconds_to_fail(scripted_server, [PAIR], "timed out", **limits)
     assert 1.0 < elapsed < 3.0, elapsed
 
 
 def test_a_server_dripping_bytes_cannot_hold_an_attempt_open(scripted_server):
     # Each byte arrives within the read timeout; only the per-attempt wall clock stops it.
     scripted_server.script = [("drip", 20.0)]
-    with OpenAIJudge(
-        scripted_server.base_url, "m", timeout=1.0, deadline=2.0, max_attempts=2, backoff=0.01
-    ) as judge:
-        t0 = time.monotonic()
-        with pytest.raises(JudgeError):
-            judge.judge([PAIR])
-    assert time.monotonic() - t0 < 5
+    limits = {"timeout": 1.0, "deadline": 2.0, "max_attempts": 2, "backoff": 0.01}
+    assert _seconds_to_fail(scripted_server, [PAIR], None, **limits) < 5
 
 
 def test_retry_after_beyond_the_deadline_gives_up_instead_of_sleeping(scripted_server):

@@ -13,7 +13,7 @@ from trainer.evaluation.generation import Sample
 from trainer.evaluation.instruction import evaluate_instructions
 from trainer.evaluation.judges import Judgement, Pair, RewardModelJudge
 from trainer.evaluation.math import DEFAULT_PROMPT, evaluate_math
-from trainer.spec.data import read_jsonl
+from contract.data import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_SET = REPO / "examples" / "data" / "math_eval_small.jsonl"

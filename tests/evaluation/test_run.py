@@ -20,7 +20,7 @@ from trainer.modeling import (
     trainable_state_dict,
 )
 from trainer.modeling.policy import load_tokenizer
-from trainer.spec.job import JobSpec
+from contract.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_SET = REPO / "examples" / "data" / "math_eval_small.jsonl"

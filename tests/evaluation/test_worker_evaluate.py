@@ -1,25 +1,25 @@
-"""worker.evaluate.run_evaluation on a real DB and local store: claims, the fenced row, the
-subprocess, stored reports, and failures that end the row (judge down, deadline, no model)."""
+"""worker.evaluate.run_evaluation on a real DB and local store: the subprocess, stored reports,
+and failures that end the row (judge down, deadline, no model). Its lease (claims, the fence,
+the reaper) is tested in tests/models/test_evaluations.py and tests/worker."""
 
 from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import update
 
 from models import jobs as job_states
-from models.base import utcnow
 from models.db import make_engine, make_session_factory
-from models.tables import Evaluation, File, Job
+from models.tables import Evaluation, Job
 from models.teams import create_team
 from storage import open_store
-from storage.keys import checkpoint_prefix, file_key, job_prefix
+from storage.keys import checkpoint_prefix, job_prefix
+from tests.fixtures.rows import add_file
 from worker.config import WorkerSettings
-from worker.evaluate import Lost, _prepare, _Row, claim, run_evaluation, stale_evaluations
+from worker.evaluate import _prepare, run_evaluation
 
 REPO = Path(__file__).resolve().parents[2]
 MATH = (REPO / "examples" / "data" / "math_eval_small.jsonl").read_bytes()
@@ -33,21 +33,7 @@ class World:
 
     def file(self, data: bytes, fmt: str) -> str:
         with self.sessions() as s:
-            f = File(
-                team_id=self.team_id,
-                filename="eval.jsonl",
-                purpose="eval",
-                bytes=len(data),
-                sha256="0" * 64,
-                format=fmt,
-                records=data.count(b"\n"),
-                status="processed",
-                object_key="pending",
-            )
-            s.add(f)
-            s.flush()
-            f.object_key = file_key(self.team_id, f.id)
-            self.store.put_bytes(f.object_key, data)
+            f = add_file(s, self.store, self.team_id, data, purpose="eval", fmt=fmt)
             s.commit()
             return f.id
 
@@ -86,13 +72,6 @@ class World:
 
 @pytest.fixture
 def world(sqlite_url, tmp_path, monkeypatch) -> World:
-    for name in (
-        "EVAL_JUDGE_BASE_URLS",
-        "EVAL_REWARD_MODELS",
-        "EVAL_TIMEOUT_SECONDS",
-        "EVAL_JUDGE_API_KEY",
-    ):
-        monkeypatch.delenv(name, raising=False)
     settings = WorkerSettings(
         DATABASE_URL=sqlite_url,
         STORAGE_URL=f"file://{tmp_path / 'objects'}",
@@ -132,6 +111,7 @@ def test_a_jobs_final_model_and_checkpoint_are_downloaded_and_evaluated(world, t
     import torch
     from safetensors.torch import save_file
 
+    from contract.spec import JobSpec
     from trainer.modeling import (
         load_policy,
         resolve_model,
@@ -139,7 +119,6 @@ def test_a_jobs_final_model_and_checkpoint_are_downloaded_and_evaluated(world, t
         trainable_state_dict,
     )
     from trainer.modeling.policy import load_tokenizer
-    from trainer.spec.job import JobSpec
 
     spec = JobSpec(
         base_model="tiny-llama",
@@ -201,10 +180,10 @@ def test_a_jobs_final_model_and_checkpoint_are_downloaded_and_evaluated(world, t
 
 
 def test_an_unreachable_judge_fails_the_evaluation_quickly_with_a_clear_message(world, monkeypatch):
-    monkeypatch.setenv("EVAL_JUDGE_BASE_URLS", "http://127.0.0.1:9/v1")
-    monkeypatch.setenv("EVAL_JUDGE_MAX_ATTEMPTS", "2")
-    monkeypatch.setenv("EVAL_JUDGE_TIMEOUT_SECONDS", "1")
-    monkeypatch.setenv("EVAL_JUDGE_DEADLINE_SECONDS", "3")
+    world.settings.EVAL_JUDGE_BASE_URLS = "http://127.0.0.1:9/v1"
+    world.settings.EVAL_JUDGE_MAX_ATTEMPTS = 2
+    world.settings.EVAL_JUDGE_TIMEOUT_SECONDS = 1.0
+    world.settings.EVAL_JUDGE_DEADLINE_SECONDS = 3.0
     eid = world.evaluation(
         "instruction",
         data=INSTRUCTION,
@@ -229,7 +208,7 @@ def test_a_judge_endpoint_no_longer_allowed_is_refused(world):
 
 
 def test_the_deadline_kills_a_long_evaluation(world, monkeypatch):
-    monkeypatch.setenv("EVAL_TIMEOUT_SECONDS", "1")
+    world.settings.EVAL_TIMEOUT_SECONDS = 1.0
     eid = world.evaluation()
     t0 = time.monotonic()
     assert world.run(eid) == "failed"
@@ -254,55 +233,13 @@ def test_a_job_without_a_final_model_fails_without_running(world):
     assert world.row(eid).error["type"] == "missing_model"
 
 
-# --- claims and the fence (both databases) ----------------------------------------------------------
-
-
-def test_claim_takes_queued_and_stale_rows_only(db_sessions):
-    with db_sessions() as s:
-        team = create_team(s, "c")
-        s.flush()
-        rows = [Evaluation(team_id=team.id, base_model="tiny-llama", kind="math") for _ in range(3)]
-        s.add_all(rows)
-        s.commit()
-        ids = [r.id for r in rows]
-    token = claim(db_sessions, ids[0], stale_seconds=60)
-    assert token is not None
-    assert claim(db_sessions, ids[0], stale_seconds=60) is None  # running, fresh heartbeat
-    with db_sessions() as s:  # a worker died long ago
-        s.execute(
-            update(Evaluation)
-            .where(Evaluation.id == ids[1])
-            .values(status="running", updated_at=utcnow() - timedelta(seconds=600))
-        )
-        s.execute(update(Evaluation).where(Evaluation.id == ids[2]).values(status="succeeded"))
-        s.commit()
-    assert stale_evaluations(db_sessions, queued_seconds=3600, running_seconds=60) == [ids[1]]
-    assert claim(db_sessions, ids[1], stale_seconds=60) is not None
-    assert claim(db_sessions, ids[2], stale_seconds=60) is None
-    assert stale_evaluations(db_sessions, queued_seconds=3600, running_seconds=60) == []
-
-
-def test_the_fence_stops_a_zombie_attempt(db_sessions):
-    with db_sessions() as s:
-        team = create_team(s, "f")
-        s.flush()
-        row = Evaluation(team_id=team.id, base_model="tiny-llama", kind="math")
-        s.add(row)
-        s.commit()
-        eid = row.id
-    first = _Row(db_sessions, eid, claim(db_sessions, eid, 60))
-    first.write(result={"progress": {"done": 1}})  # heartbeats move the fence
-    first.write(result={"progress": {"done": 2}})
-    with db_sessions() as s:  # the row looks stale to another worker, which reclaims it
-        s.execute(
-            update(Evaluation)
-            .where(Evaluation.id == eid)
-            .values(updated_at=utcnow() - timedelta(hours=1))
-        )
-        s.commit()
-    second = _Row(db_sessions, eid, claim(db_sessions, eid, 60))
-    with pytest.raises(Lost):
-        first.write(status="succeeded")
-    second.write(status="failed", error={"type": "x", "message": "y"})
-    with db_sessions() as s:
-        assert s.get(Evaluation, eid).status == "failed"
+def test_a_worker_shutdown_gives_the_evaluation_back(world):
+    """The leased attempt's shutdown path, as a job's: back to `queued` and sent again."""
+    eid = world.evaluation()
+    sent: list[str] = []
+    outcome = run_evaluation(
+        eid, world.sessions, world.store, world.settings, send=sent.append, should_stop=lambda: True
+    )
+    assert outcome == "released" and sent == [eid]
+    row = world.row(eid)
+    assert row.status == "queued" and row.lease_owner is None and row.attempt == 1

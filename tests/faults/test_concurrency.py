@@ -8,9 +8,6 @@ tests/worker/test_reaper.py::test_concurrent_sweeps_send_each_job_once.)
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import httpx
 from sqlalchemy import func, select
 
@@ -18,6 +15,7 @@ from models.tables import File, IdempotencyKey, Job
 from models.teams import create_team
 from storage import open_store
 from tests.api.conftest import PREFERENCE, job_body, stored_objects
+from tests.fixtures.concurrency import at_once
 from tests.worker.conftest import Local, events, metric_steps
 from tests.worker.test_runner import _fake
 from worker.config import WorkerSettings
@@ -49,14 +47,7 @@ def test_many_runners_racing_for_one_job_only_one_claims(
     runners = [first] + [
         Runner(first.settings, db_sessions, local.store) for _ in range(RACERS - 1)
     ]
-    barrier = threading.Barrier(RACERS)
-
-    def race(runner: Runner):
-        barrier.wait()
-        return runner.run(job_id)
-
-    with ThreadPoolExecutor(RACERS) as pool:
-        outcomes = list(pool.map(race, runners))
+    outcomes = at_once(RACERS, lambda i: runners[i].run(job_id))
     assert outcomes.count("succeeded") == 1 and outcomes.count(None) == RACERS - 1, outcomes
     job = local.job(job_id)
     assert job.status == "succeeded" and job.attempt == 1
@@ -74,32 +65,32 @@ def _count(db_sessions, model) -> int:
         return s.execute(select(func.count()).select_from(model)).scalar_one()
 
 
+def _post_file(base: str, headers: dict[str, str]) -> httpx.Response:
+    with httpx.Client(base_url=base, timeout=60) as http:
+        return http.post(
+            "/v1/files",
+            headers=headers,
+            files={"file": ("t.jsonl", PREFERENCE, "application/jsonl")},
+            data={"purpose": "train"},
+        )
+
+
+def _post_job(base: str, headers: dict[str, str], file_id: str) -> httpx.Response:
+    with httpx.Client(base_url=base, timeout=60) as http:
+        return http.post("/v1/jobs", headers=headers, json=job_body(file_id))
+
+
 def test_fifty_concurrent_creates_with_one_idempotency_key_make_one_job(
     live_server, team_a, db_sessions, store, queue
 ):
     base, key = live_server
     auth = {"Authorization": f"Bearer {key}"}
-    barrier = threading.Barrier(SUBMITTERS)
+    r = _post_file(base, auth)
+    assert r.status_code == 201, r.text
+    file_id = r.json()["id"]
+    storm = {**auth, "Idempotency-Key": "storm-1"}
 
-    with httpx.Client(base_url=base, timeout=60) as http:
-        r = http.post(
-            "/v1/files",
-            headers=auth,
-            files={"file": ("t.jsonl", PREFERENCE, "application/jsonl")},
-            data={"purpose": "train"},
-        )
-        assert r.status_code == 201, r.text
-        file_id = r.json()["id"]
-
-    def submit(_):
-        with httpx.Client(base_url=base, timeout=60) as http:
-            barrier.wait()
-            return http.post(
-                "/v1/jobs", headers={**auth, "Idempotency-Key": "storm-1"}, json=job_body(file_id)
-            )
-
-    with ThreadPoolExecutor(SUBMITTERS) as pool:
-        responses = list(pool.map(submit, range(SUBMITTERS)))
+    responses = at_once(SUBMITTERS, lambda _: _post_job(base, storm, file_id))
     codes = sorted(r.status_code for r in responses)
     ok = [r for r in responses if r.status_code == 201]
     assert set(codes) <= {201, 409}, codes  # 409: "in progress" while the winner commits
@@ -108,31 +99,15 @@ def test_fifty_concurrent_creates_with_one_idempotency_key_make_one_job(
     assert len(queue.job_ids) == 1  # sent once
     assert _count(db_sessions, IdempotencyKey) == 1
     # a retry after the storm replays the original
-    with httpx.Client(base_url=base, timeout=60) as http:
-        again = http.post(
-            "/v1/jobs", headers={**auth, "Idempotency-Key": "storm-1"}, json=job_body(file_id)
-        )
+    again = _post_job(base, storm, file_id)
     assert again.status_code == 201 and again.json()["id"] == ok[0].json()["id"]
     assert again.headers.get("idempotent-replayed") == "true"
 
 
 def test_concurrent_uploads_with_one_key_store_one_file(live_server, db_sessions, store):
     base, key = live_server
-    n = 20
-    barrier = threading.Barrier(n)
-
-    def send(_):
-        with httpx.Client(base_url=base, timeout=60) as http:
-            barrier.wait()
-            return http.post(
-                "/v1/files",
-                headers={"Authorization": f"Bearer {key}", "Idempotency-Key": "up-1"},
-                files={"file": ("t.jsonl", PREFERENCE, "application/jsonl")},
-                data={"purpose": "train"},
-            )
-
-    with ThreadPoolExecutor(n) as pool:
-        responses = list(pool.map(send, range(n)))
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "up-1"}
+    responses = at_once(20, lambda _: _post_file(base, headers))
     codes = sorted(r.status_code for r in responses)
     ok = [r for r in responses if r.status_code == 201]
     assert set(codes) <= {201, 409}, codes
@@ -145,28 +120,13 @@ def test_concurrent_creates_respect_the_active_job_limit(live_server, settings, 
     """Regression (found by the API-kill fault test): the quota was check-then-insert, so a
     burst of creates made 12 jobs under a limit of 10. The team row is now locked."""
     base, key = live_server
-    with httpx.Client(base_url=base, timeout=60) as http:
-        r = http.post(
-            "/v1/files",
-            headers={"Authorization": f"Bearer {key}"},
-            files={"file": ("t.jsonl", PREFERENCE, "application/jsonl")},
-            data={"purpose": "train"},
-        )
-        file_id = r.json()["id"]
-    n = 20
-    barrier = threading.Barrier(n)
+    auth = {"Authorization": f"Bearer {key}"}
+    file_id = _post_file(base, auth).json()["id"]
 
-    def submit(i):
-        with httpx.Client(base_url=base, timeout=60) as http:
-            barrier.wait()
-            return http.post(
-                "/v1/jobs",
-                headers={"Authorization": f"Bearer {key}", "Idempotency-Key": f"q-{i}"},
-                json=job_body(file_id),
-            ).status_code
+    def submit(i: int) -> int:
+        return _post_job(base, {**auth, "Idempotency-Key": f"q-{i}"}, file_id).status_code
 
-    with ThreadPoolExecutor(n) as pool:
-        codes = list(pool.map(submit, range(n)))
+    codes = at_once(20, submit)
     assert codes.count(201) == settings.MAX_JOBS_PER_TEAM, codes
     assert set(codes) == {201, 429}, codes
     assert _count(db_sessions, Job) == settings.MAX_JOBS_PER_TEAM

@@ -133,6 +133,34 @@ def terminate_db_connections(db_url: str) -> int:
     return int(killed)
 
 
+def lost_jobs(sessions, job_ids: list[str]) -> list[str]:
+    """Submitted jobs that did not end `succeeded` (failed, cancelled, stuck) or whose row is
+    gone: what the fault summary's `jobs_lost` counts."""
+    with sessions() as s:
+        done = dict(s.execute(select(Job.id, Job.status).where(Job.id.in_(job_ids))).all())
+    return [j for j in job_ids if done.get(j) != "succeeded"]
+
+
+def test_lost_jobs_counts_every_job_that_did_not_succeed(db_sessions):
+    """The summary's `jobs_lost` was a constant 0; it is now this function, which sees a
+    failed job, a still-running one and a vanished row."""
+    from models import jobs as job_states
+    from models.teams import create_team
+
+    with db_sessions() as s:
+        team = create_team(s, "lost").id
+        ids = [job_states.create_job(s, team_id=team, spec={}).id for _ in range(3)]
+        s.commit()
+    assert lost_jobs(db_sessions, ids) == ids  # queued: not succeeded
+    with db_sessions() as s:
+        for j in ids[:2]:
+            assert job_states.claim(s, j, "w", 60) is not None
+        assert job_states.finish(s, ids[0], "w", "succeeded")
+        assert job_states.finish(s, ids[1], "w", "failed")
+        s.commit()
+    assert lost_jobs(db_sessions, [*ids, "job-vanished"]) == [ids[1], ids[2], "job-vanished"]
+
+
 def check_invariants(stack, s3_server, job_ids: list[str], steps: int, every: int) -> dict:
     """The promises after faults; returns per-job attempt counts."""
     attempts = {}
@@ -227,9 +255,10 @@ def test_jobs_survive_s3_db_worker_and_broker_faults(
 
     for job_id in jobs:
         stack.wait_done(job_id, 240, logs)
-    attempts = check_invariants(stack, s3_server, jobs, steps, every)
+    lost = lost_jobs(stack.sessions, jobs)  # measured, then asserted: never a constant
+    with stack.sessions() as s:
+        attempts = dict(s.execute(select(Job.id, Job.attempt).where(Job.id.in_(jobs))).all())
     retried = sum(1 for a in attempts.values() if a > 1)
-    assert retried >= 1, "the worker kill should have cost its job an attempt"
     print(
         "FAULTS "
         + json.dumps(
@@ -239,10 +268,13 @@ def test_jobs_survive_s3_db_worker_and_broker_faults(
                 "jobs_affected": len(hit),
                 "jobs_retried": retried,
                 "attempts": attempts,
-                "jobs_lost": 0,
+                "jobs_lost": len(lost),
             }
         )
     )
+    assert lost == [], f"jobs lost to the faults: {lost}"
+    assert check_invariants(stack, s3_server, jobs, steps, every) == attempts
+    assert retried >= 1, "the worker kill should have cost its job an attempt"
 
 
 # --- the API process SIGKILLed ----------------------------------------------------------------

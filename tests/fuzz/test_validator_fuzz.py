@@ -1,4 +1,4 @@
-"""Property tests of the dataset validator (trainer/spec/data.py) and the upload endpoint.
+"""Property tests of the dataset validator (contract/data.py) and the upload endpoint.
 
 Any byte string — random bytes, or near-valid JSONL made of mutated records — yields either a
 valid report or line-numbered errors, never an exception (DESIGN.md §6: bad input never
@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from models.tables import File
 from tests.api.conftest import stored_objects, upload
-from trainer.spec.data import (
+from contract.data import (
     EVAL_FORMATS,
     MAX_ERRORS,
     TRAIN_FORMATS,
@@ -28,6 +28,13 @@ from trainer.spec.data import (
 
 FUZZ_EXAMPLES = 2000
 ENDPOINT_EXAMPLES = 200
+
+
+def fuzz(examples: int, *allowed: HealthCheck):
+    """Hypothesis settings of these tests: `examples` runs, no per-example deadline (a slow
+    example is not a failure), the `allowed` health checks suppressed."""
+    return settings(max_examples=examples, deadline=None, suppress_health_check=list(allowed))
+
 
 # --- strategies: near-valid JSONL -------------------------------------------------------------
 
@@ -124,11 +131,7 @@ def check_report(data: bytes, chunk: int, allowed) -> None:
     assert seen == (data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1))
 
 
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@fuzz(FUZZ_EXAMPLES, HealthCheck.too_slow, HealthCheck.data_too_large)
 @given(
     data=any_bytes,
     chunk=st.integers(min_value=1, max_value=64),
@@ -138,7 +141,7 @@ def test_validator_never_raises_on_any_bytes(data: bytes, chunk: int, allowed) -
     check_report(data, chunk, allowed)
 
 
-@settings(max_examples=FUZZ_EXAMPLES // 2, deadline=None)
+@fuzz(FUZZ_EXAMPLES // 2)
 @given(raw=lines)
 def test_parse_line_raises_only_record_errors(raw: bytes) -> None:
     try:
@@ -162,11 +165,7 @@ def test_upload_endpoint_never_5xx_and_leaves_nothing_on_4xx(
 ) -> None:
     outcomes: dict[int, int] = {}
 
-    @settings(
-        max_examples=ENDPOINT_EXAMPLES,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+    @fuzz(ENDPOINT_EXAMPLES, HealthCheck.function_scoped_fixture, HealthCheck.too_slow)
     @given(
         data=any_bytes,
         purpose=st.sampled_from(["train", "eval"]),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -12,6 +11,7 @@ from models import jobs
 from models.base import utcnow
 from models.tables import JOB_STATUSES, Checkpoint, Job, JobEvent, JobMetric
 from models.teams import create_team
+from tests.fixtures.concurrency import at_once
 
 SPEC = {"base_model": "tiny-llama", "training_file": "file-x", "objective": {"name": "dpo"}}
 
@@ -111,28 +111,14 @@ def test_every_status_has_rules_and_terminal_ones_have_none():
 
 def test_claim_race_has_exactly_one_winner(db_sessions, new_job):
     job_id = new_job()
-    n = 8
-    barrier = threading.Barrier(n)
-    won: list[str] = []
-    errors: list[BaseException] = []
 
-    def worker(i: int) -> None:
-        try:
-            with db_sessions() as s:
-                barrier.wait()
-                job = jobs.claim(s, job_id, f"worker-{i}", 60)
-                s.commit()
-                if job is not None:
-                    won.append(job.lease_owner)
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
+    def worker(i: int) -> str | None:
+        with db_sessions() as s:
+            job = jobs.claim(s, job_id, f"worker-{i}", 60)
+            s.commit()
+            return None if job is None else job.lease_owner
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not errors, errors
+    won = [owner for owner in at_once(8, worker, timeout=30) if owner is not None]
     assert len(won) == 1
     with db_sessions() as s:
         job = s.get(Job, job_id)
@@ -303,23 +289,14 @@ def test_stale_queued_lists_forgotten_jobs(db_sessions, new_job):
 def test_event_seqs_are_unique_and_gapless_under_concurrency(db_sessions, new_job):
     job_id = new_job()
     n, per = 4, 10
-    errors: list[BaseException] = []
 
     def writer(i: int) -> None:
-        try:
-            for j in range(per):
-                with db_sessions() as s:
-                    jobs.add_event(s, job_id, "log", f"{i}-{j}")
-                    s.commit()
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
+        for j in range(per):
+            with db_sessions() as s:
+                jobs.add_event(s, job_id, "log", f"{i}-{j}")
+                s.commit()
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    at_once(n, writer)
     with db_sessions() as s:
         seqs = [e.seq for e in _events(s, job_id)]
         assert s.get(Job, job_id).event_seq == len(seqs)

@@ -27,28 +27,26 @@ def test_bad_urls(url: str):
         open_store(url)
 
 
+# open_store's keywords for the region and credentials, and boto3's (the settings class's)
+OURS = ("region", "access_key", "secret_key")
+BOTO3 = ("region_name", "aws_access_key_id", "aws_secret_access_key")
+
+
+def _open(s3_server, url: str, spelling: tuple[str, str, str]):
+    values = (s3_server.region, s3_server.access_key, s3_server.secret_key)
+    credentials = dict(zip(spelling, values, strict=True))
+    return open_store(url, endpoint_url=s3_server.endpoint_url, **credentials)
+
+
 def test_s3_url_creates_bucket_and_applies_prefix(s3_server):
     bucket = f"open-{__import__('uuid').uuid4().hex[:10]}"
     try:
-        store = open_store(
-            f"s3://{bucket}/env/prod",
-            endpoint_url=s3_server.endpoint_url,
-            region=s3_server.region,
-            access_key=s3_server.access_key,
-            secret_key=s3_server.secret_key,
-        )
+        store = _open(s3_server, f"s3://{bucket}/env/prod", OURS)
         assert isinstance(store, S3Store)
         store.put_bytes("t1/files/f.jsonl", b"{}")
         assert store.list("") == ["t1/files/f.jsonl"]
         assert s3_server.list_all(bucket) == ["env/prod/t1/files/f.jsonl"]
-        # boto3 spellings are accepted too (the settings class uses them)
-        again = open_store(
-            f"s3://{bucket}/env/prod",
-            endpoint_url=s3_server.endpoint_url,
-            region_name=s3_server.region,
-            aws_access_key_id=s3_server.access_key,
-            aws_secret_access_key=s3_server.secret_key,
-        )
+        again = _open(s3_server, f"s3://{bucket}/env/prod", BOTO3)  # accepted too
         assert again.get_bytes("t1/files/f.jsonl") == b"{}"
     finally:
         s3_server.delete_bucket(bucket)

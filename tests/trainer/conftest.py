@@ -1,10 +1,17 @@
-"""Trainer fixtures: a shared model cache and small generated datasets."""
+"""Trainer fixtures: a shared model cache, small generated datasets and random models.
+
+    save_random_llama(out, model_class, tokenizer, **config)   a random Llama of tiny-llama's
+                                      config with `config` on top (seed 0), saved to `out`
+    reward_model_dir                  a random one-output sequence classifier (continuous scores)
+    recorded_losses                   (calls, holder): every loss call's trainable weights,
+                                      batch, reference and policy log-probs; holder["model"]
+"""
 
 from pathlib import Path
 
 import pytest
 
-from trainer.spec.job import JobSpec
+from contract.spec import JobSpec
 from trainer.synthetic import preference_records, unpaired_records, write_jsonl
 
 
@@ -45,3 +52,77 @@ def make_spec(pref_file):
         return JobSpec.model_validate({**base, **kw})
 
     return make
+
+
+def save_random_llama(out: Path, model_class, tokenizer, **config) -> Path:
+    """A `model_class` (LlamaForCausalLM, LlamaForSequenceClassification) of tiny-llama's config
+    with `config` on top, random weights from seed 0 (the caller's RNG stream untouched), saved
+    to `out` with `tokenizer`."""
+    import torch
+    from transformers import LlamaConfig
+
+    from trainer.modeling import resolve_model
+
+    cfg = LlamaConfig.from_pretrained(resolve_model("tiny-llama"))
+    cfg.update(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = model_class(cfg)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def reward_model_dir(tmp_path_factory) -> Path:
+    """A real sequence-classification checkpoint (random weights): continuous scores."""
+    from transformers import LlamaForSequenceClassification
+
+    from trainer.modeling import load_tokenizer, resolve_model
+
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}
+    return save_random_llama(
+        tmp_path_factory.mktemp("rm"),
+        LlamaForSequenceClassification,
+        load_tokenizer(resolve_model("tiny-llama")),
+        num_labels=1,
+        **shape,
+        **heads,
+    )
+
+
+@pytest.fixture
+def recorded_losses(monkeypatch):
+    """Wraps the recipe's loss: `calls` gets, per call, the trainable weights the policy had
+    during that forward ("weights"), the batch, and the reference and policy log-probs the loss
+    received ("ref", "pol"); `holder["model"]` is the policy."""
+    import trainer.train as train_mod
+    from trainer.modeling import trainable_state_dict
+
+    calls: list[dict] = []
+    holder: dict = {}
+    real_load, real_recipe = train_mod.load_policy, train_mod.make_recipe
+
+    def load_policy(spec, model_dir):
+        holder["model"] = real_load(spec, model_dir)
+        return holder["model"]
+
+    def make_recipe(spec):
+        recipe = real_recipe(spec)
+        real_loss = recipe.loss
+
+        def loss(pol, ref, batch, mb, examples, ctx):
+            state = trainable_state_dict(holder["model"])
+            calls.append({
+                "weights": {k: v.detach().clone() for k, v in state.items()},
+                "batch": batch, "ref": ref.detach().clone(), "pol": pol.detach().clone(),
+            })  # fmt: skip
+            return real_loss(pol, ref, batch, mb, examples, ctx)
+
+        recipe.loss = loss
+        return recipe
+
+    monkeypatch.setattr(train_mod, "load_policy", load_policy)
+    monkeypatch.setattr(train_mod, "make_recipe", make_recipe)
+    return calls, holder

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from trainer.spec.job import JobSpec
+from contract.spec import JobSpec
 from trainer.train import Trainer, train
 
 pytestmark = pytest.mark.gpu

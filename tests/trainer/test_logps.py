@@ -13,7 +13,7 @@ import torch
 
 from trainer.logps import token_logps
 from trainer.modeling import load_policy, resolve_model
-from trainer.spec.job import JobSpec
+from contract.spec import JobSpec
 from trainer.tokenize import TokenSeq, collate
 
 PAD = 0

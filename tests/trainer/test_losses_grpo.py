@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.losses import group_advantages, grpo_loss
-from trainer.spec.job import HumanlineParams
+from contract.spec import HumanlineParams
 
 NAN, INF = float("nan"), float("inf")
 EPS = 0.2

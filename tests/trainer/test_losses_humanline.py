@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.losses import dpo_loss, sequence_rewards, token_log_ratios
-from trainer.spec.job import DPOConfig, HumanlineParams
+from contract.spec import DPOConfig, HumanlineParams
 
 NAN, INF = float("nan"), float("inf")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.losses import kto_loss
-from trainer.spec.job import HumanlineParams, KTOConfig
+from contract.spec import HumanlineParams, KTOConfig
 
 NAN = float("nan")
 CFG = KTOConfig()  # β 0.25, λ_D 1.1, λ_U 1.0 (the paper's)

@@ -32,7 +32,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.kto_trainer import KTOTrainer
 
 from trainer.losses import dpo_loss, grpo_loss, kto_loss
-from trainer.spec.job import DPOConfig, KTOConfig
+from contract.spec import DPOConfig, KTOConfig
 
 TOL = {"rtol": 0, "atol": 1e-6}
 
@@ -99,6 +99,25 @@ def _bare(cls, **attrs):
     return trainer
 
 
+def _on_tables(cls, policy: list[torch.Tensor], reference: list[torch.Tensor], **attrs):
+    """A bare TRL `cls` whose policy and reference models look their log-probs up in these
+    rows (stacked), and the policy's table, whose .grad is then TRL's gradient."""
+    table = torch.cat(policy).requires_grad_()
+    model, ref_model = FusedHeadStub(table), FusedHeadStub(torch.cat(reference))
+    trl = _bare(cls, model=model, ref_model=ref_model, precompute_ref_logps=False, **attrs)
+    return trl, table
+
+
+# TRL 1.16's DPOTrainer attributes for the plain sigmoid loss (beta aside)
+DPO_SIGMOID = {
+    "ld_alpha": None,
+    "f_divergence_type": "reverse_kl",
+    "loss_types": ["sigmoid"],
+    "loss_weights": [1.0],
+    "use_weighting": False,
+}
+
+
 def _rows(n: int, t: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask): a one-token prompt holding the table row, then t tokens."""
     ids = torch.zeros(n, t + 1, dtype=torch.long)
@@ -131,20 +150,10 @@ def test_dpo_matches_trl_sigmoid(seed, reference_free):
         ref_w, ref_l = torch.zeros_like(ref_w), torch.zeros_like(ref_l)
     cfg = DPOConfig(beta=0.3, reference_free=reference_free)
 
-    pol_table = torch.cat([pol_w, pol_l]).requires_grad_()
-    ids, attn = _rows(2 * b, t)
-    trl = _bare(
-        DPOTrainer,
-        model=FusedHeadStub(pol_table),
-        ref_model=FusedHeadStub(torch.cat([ref_w, ref_l])),
-        precompute_ref_logps=False,
-        ld_alpha=None,
-        f_divergence_type="reverse_kl",
-        loss_types=["sigmoid"],
-        loss_weights=[1.0],
-        use_weighting=False,
-        beta=cfg.beta,
+    trl, pol_table = _on_tables(
+        DPOTrainer, [pol_w, pol_l], [ref_w, ref_l], beta=cfg.beta, **DPO_SIGMOID
     )
+    ids, attn = _rows(2 * b, t)
     inputs = {
         "input_ids": ids,
         "attention_mask": attn,
@@ -175,20 +184,13 @@ def test_kto_matches_trl(seed):
     labels = torch.tensor([True, False, True, True, False, True, False, False])
     cfg = KTOConfig(beta=0.25, lambda_d=1.1, lambda_u=0.9)
 
-    pol_table = torch.cat([pol, kl_pol]).requires_grad_()
+    weights = {"desirable_weight": cfg.lambda_d, "undesirable_weight": cfg.lambda_u}
+    trl, pol_table = _on_tables(
+        KTOTrainer, [pol, kl_pol], [ref, kl_ref], calculate_KL=True, loss_type="kto",
+        beta=cfg.beta, **weights,
+    )  # fmt: skip
     ids, attn = _rows(b, t)
     kl_ids, kl_attn = _rows(b, t, offset=b)
-    trl = _bare(
-        KTOTrainer,
-        model=FusedHeadStub(pol_table),
-        ref_model=FusedHeadStub(torch.cat([ref, kl_ref])),
-        precompute_ref_logps=False,
-        calculate_KL=True,
-        loss_type="kto",
-        beta=cfg.beta,
-        desirable_weight=cfg.lambda_d,
-        undesirable_weight=cfg.lambda_u,
-    )
     inputs = {
         "input_ids": ids,
         "attention_mask": attn,

@@ -33,7 +33,8 @@ from trainer.modeling import (
     sources,
     trainable_state_dict,
 )
-from trainer.spec.job import JobSpec
+from trainer.modeling.policy import activation_checkpointing
+from contract.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -167,8 +168,10 @@ def test_local_directory_is_returned_as_is(tiny_dir):
     assert resolve_model(str(tiny_dir)) == tiny_dir
 
 
+# (SmolLM2's hub id is not unknown: exported adapters name their base by it, and it resolves
+# to the built-in; tests/trainer/test_export.py)
 @pytest.mark.parametrize(
-    "name", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "SmolLM2-135M-Instruct", "./nope"]
+    "name", ["HuggingFaceTB/SmolLM2-360M-Instruct", "gpt2", "SmolLM2-135M-Instruct", "./nope"]
 )
 def test_unknown_names_are_rejected_helpfully(name, fresh_cache):
     with pytest.raises(ValueError) as err:
@@ -238,8 +241,19 @@ def test_policy_dtype_and_training_settings(tiny_dir, precision, dtype):
     model = load_policy(make_spec(precision=precision), tiny_dir)
     assert model.training and model.config.use_cache is False
     assert model.config.attention_dropout == 0.0
-    assert not model.is_activation_checkpointing
+    assert not activation_checkpointing(model)
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_activation_checkpointing_detected_on_installed_transformers(tiny_dir):
+    """The pinned transformers (< 5.20, vLLM's cap) has no `is_activation_checkpointing`:
+    detection must work on whichever name the installed version has, both ways."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert not activation_checkpointing(model)
+    model.gradient_checkpointing_enable()
+    assert activation_checkpointing(model)
+    model.gradient_checkpointing_disable()
+    assert not activation_checkpointing(model)
 
 
 def test_policy_train_mode_equals_eval_mode(tiny_dir, tiny_tokenizer):

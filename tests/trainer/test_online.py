@@ -9,25 +9,9 @@ from safetensors.torch import load_file
 
 import trainer.train as train_mod
 from trainer.logps import token_logps
-from trainer.modeling import load_trainable_state_dict, resolve_model, trainable_state_dict
-from trainer.spec.job import JobSpec
+from trainer.modeling import load_trainable_state_dict
+from contract.spec import JobSpec
 from trainer.synthetic import write_jsonl
-
-
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory) -> Path:
-    """A real sequence-classification checkpoint (random weights): continuous scores."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-    tiny = resolve_model("tiny-llama")
-    tok = AutoTokenizer.from_pretrained(tiny)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("rm")
-    LlamaForSequenceClassification(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +40,9 @@ def metrics(out: Path) -> list[dict]:
 @pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
 @pytest.mark.parametrize("variant", ["online", "online+humanline"])
 def test_online_rounds_run_end_to_end(tmp_path, prompt_file, reward_model_dir, objective, variant):
-    spec = online_spec(prompt_file, reward_model_dir, objective=objective, variant=variant)
+    # GRPO's batch_size counts sequences: 16 = the 4 groups of 4 a step trained on before
+    spec = online_spec(prompt_file, reward_model_dir, objective=objective, variant=variant,
+                       batch_size=16 if objective == "grpo" else 4)
     result = train_mod.train(spec, tmp_path, progress=False)
     assert result.status == "succeeded" and result.step == 4
     rows = metrics(tmp_path)
@@ -66,35 +52,11 @@ def test_online_rounds_run_end_to_end(tmp_path, prompt_file, reward_model_dir, o
     assert [r["step"] for r in firsts] == [1, 3]
     for r in firsts:
         assert r["round/sample_time"] > 0 and r["round/score_time"] > 0 and r["round/examples"] >= 8
+        assert r["round/sampled_tokens"] >= r["round/prompts"] * 4  # G=4 completions, >= 1 token
         assert "reward/math_accuracy" in r and "reward/reward_model" in r
     events = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert sum(e["kind"] == "round" for e in events) == 2
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
-
-
-def _recording(monkeypatch):
-    calls, holder = [], {}
-    real_load, real_recipe = train_mod.load_policy, train_mod.make_recipe
-
-    def load_policy(spec, model_dir):
-        holder["model"] = real_load(spec, model_dir)
-        return holder["model"]
-
-    def make_recipe(spec):
-        recipe = real_recipe(spec)
-        real_loss = recipe.loss
-
-        def loss(pol, ref, batch, mb, examples, ctx):
-            calls.append({"weights": {k: v.clone() for k, v in trainable_state_dict(holder["model"]).items()},
-                          "batch": batch, "ref": ref.detach().clone()})
-            return real_loss(pol, ref, batch, mb, examples, ctx)
-
-        recipe.loss = loss
-        return recipe
-
-    monkeypatch.setattr(train_mod, "load_policy", load_policy)
-    monkeypatch.setattr(train_mod, "make_recipe", make_recipe)
-    return calls, holder
 
 
 @pytest.mark.parametrize("variant, table", [
@@ -102,9 +64,9 @@ def _recording(monkeypatch):
     ("online", {1: 1, 2: 1, 3: 1, 4: 4, 5: 4, 6: 4}),            # the policy at the round's start
     ("online+humanline", {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 5}),  # + humanline k=1 inside rounds
 ])
-def test_online_reference_is_round_start_then_humanline(monkeypatch, tmp_path, prompt_file, reward_model_dir,
+def test_online_reference_is_round_start_then_humanline(recorded_losses, tmp_path, prompt_file, reward_model_dir,
                                                         variant, table):
-    calls, holder = _recording(monkeypatch)
+    calls, holder = recorded_losses
     spec = online_spec(prompt_file, reward_model_dir, variant=variant, max_steps=6,
                        online={"num_samples": 4, "max_new_tokens": 10, "sample_every": 3, "engine": "hf",
                                "rewards": [{"name": "reward_model", "options": {"path": str(reward_model_dir)}}]},
@@ -120,7 +82,7 @@ def test_online_reference_is_round_start_then_humanline(monkeypatch, tmp_path, p
 
 def test_online_resume_mid_round_is_bitwise_identical(tmp_path, prompt_file, reward_model_dir):
     spec = online_spec(prompt_file, reward_model_dir, objective="grpo", variant="online+humanline",
-                       max_steps=4, checkpoint_every=1)
+                       max_steps=4, checkpoint_every=1, batch_size=16)  # 4 groups of 4 sequences
     train_mod.train(spec, tmp_path / "full", progress=False)
     part = tmp_path / "part"
     part.mkdir()

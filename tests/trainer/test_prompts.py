@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from trainer import prompts
-from trainer.spec.data import EVAL_FORMATS, read_jsonl
+from contract.data import EVAL_FORMATS, read_jsonl
 
 TRAIN = prompts.DATA_DIR / "arithmetic_train.jsonl"
 EVAL = prompts.DATA_DIR / "arithmetic_eval.jsonl"

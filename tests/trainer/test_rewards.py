@@ -5,7 +5,6 @@ import sys
 import threading
 
 import pytest
-import torch
 
 from trainer.rewards import (
     MATH_REWARDS,
@@ -16,6 +15,7 @@ from trainer.rewards import (
     format_score,
     tag_count_score,
 )
+from trainer.rewards.string_check import StringCheck
 from trainer.rewards.verifier import MathAccuracy
 
 # (completion, gold answer, expected reward). Grouped: integers, negatives, fractions, LaTeX,
@@ -212,7 +212,7 @@ def test_combine_rejects_bad_specs():
 
 
 def test_registry_is_closed_and_torch_free():
-    assert set(REWARDS) == {"math_accuracy", "format", "tag_count", "reward_model"}
+    assert set(REWARDS) == {"math_accuracy", "format", "tag_count", "reward_model", "string_check"}
     code = (
         "import sys, trainer.rewards; "
         "assert 'torch' not in sys.modules and 'math_verify' not in sys.modules"
@@ -220,34 +220,7 @@ def test_registry_is_closed_and_torch_free():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# --- reward model: a real LlamaForSequenceClassification with random weights --------------
-
-
-@pytest.fixture(scope="module")
-def rm_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    from trainer.modeling import load_tokenizer, resolve_model
-
-    tok = load_tokenizer(resolve_model("tiny-llama"))
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForSequenceClassification(config)
-    out = tmp_path_factory.mktemp("rm")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+# --- reward model: a real LlamaForSequenceClassification with random weights (conftest) ---
 
 
 RM_PROMPTS = [
@@ -258,8 +231,8 @@ RM_PROMPTS = [
 RM_COMPLETIONS = ["4", "The Nile, which flows north through eleven countries.", "Hello there!"]
 
 
-def test_reward_model_scores_batches_deterministically(rm_dir):
-    reward = combine([{"name": "reward_model", "options": {"path": str(rm_dir), "batch_size": 2}}])
+def test_reward_model_scores_batches_deterministically(reward_model_dir):
+    reward = combine([{"name": "reward_model", "options": {"path": str(reward_model_dir), "batch_size": 2}}])
     first, parts = reward.score(RM_PROMPTS, RM_COMPLETIONS, [{}] * 3)
     second, _ = reward.score(RM_PROMPTS, RM_COMPLETIONS, [{}] * 3)
     assert len(first) == 3 and first == second == parts["reward_model"]
@@ -271,8 +244,8 @@ def test_reward_model_scores_batches_deterministically(rm_dir):
     assert swapped[0] != pytest.approx(first[0])
 
 
-def test_reward_model_weight_scales_scores(rm_dir):
-    opts = {"path": str(rm_dir)}
+def test_reward_model_weight_scales_scores(reward_model_dir):
+    opts = {"path": str(reward_model_dir)}
     base, _ = combine([{"name": "reward_model", "options": opts}]).score(
         RM_PROMPTS, RM_COMPLETIONS, [{}] * 3
     )
@@ -282,15 +255,37 @@ def test_reward_model_weight_scales_scores(rm_dir):
     assert scaled == pytest.approx([-0.5 * b for b in base])
 
 
-def test_reward_model_needs_a_local_single_output_model(rm_dir, tmp_path):
+def test_reward_model_needs_a_local_single_output_model(reward_model_dir, tmp_path):
     with pytest.raises(ValueError, match="not a local model directory"):
         combine([{"name": "reward_model", "options": {"path": "RLHFlow/ArmoRM-Llama3-8B"}}])
     from transformers import AutoConfig, LlamaForSequenceClassification
 
-    config = AutoConfig.from_pretrained(rm_dir)
+    config = AutoConfig.from_pretrained(reward_model_dir)
     config.num_labels = 3
     LlamaForSequenceClassification(config).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / name).write_bytes((rm_dir / name).read_bytes())
+        (tmp_path / name).write_bytes((reward_model_dir / name).read_bytes())
     with pytest.raises(ValueError, match="num_labels=1"):
         combine([{"name": "reward_model", "options": {"path": str(tmp_path)}}])
+
+
+def test_contract_names_exactly_the_registered_sources():
+    """The spec (torch-free, in contract/) validates reward names against REWARD_NAMES; the
+    worker builds them from the registry. A source added to one and not the other would be
+    accepted by the API and then fail in the worker (or never be offered)."""
+    from contract.rewards import REWARD_NAMES
+    from trainer.rewards.registry import REWARDS
+
+    assert set(REWARDS) == REWARD_NAMES
+
+
+def test_string_check_reward_matches_openais_operations():
+    completions = [" yes\n", "no", "I say yes", "I SAY YES"]
+    records = [{"answer": "yes"}] * 4
+    score = {op: StringCheck(op)(["p"] * 4, completions, records) for op in ("eq", "ne", "like", "ilike")}
+    assert score == {
+        "eq": [1.0, 0.0, 0.0, 0.0],
+        "ne": [0.0, 1.0, 1.0, 1.0],
+        "like": [1.0, 0.0, 1.0, 0.0],
+        "ilike": [1.0, 0.0, 1.0, 1.0],
+    }

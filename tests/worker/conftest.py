@@ -11,18 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery  # imported here, before any thread: see Stack.send
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contract.spec import JobSpec
 from models import jobs as job_states
 from models.settings import Settings
-from models.tables import Checkpoint, File, Job, JobEvent, JobMetric
+from models.tables import Checkpoint, Job, JobEvent, JobMetric
 from models.teams import create_api_key, create_team
 from storage import open_store
-from storage.keys import file_key
+from tests.fixtures.rows import add_file
 from tests.fixtures.services import REPO, wait_for  # fixtures come from the plugin
-from trainer.spec.job import JobSpec
 from trainer.synthetic import preference_records
 from worker.config import WorkerSettings
 
@@ -59,21 +60,7 @@ class Local:
     def make_job(self, data: bytes = PREFERENCE, **spec: Any) -> str:
         """A queued job on a processed training file (what the API would have made)."""
         with self.sessions() as s:
-            f = File(
-                team_id=self.team_id,
-                filename="train.jsonl",
-                purpose="train",
-                bytes=len(data),
-                sha256="0" * 64,
-                format="preference",
-                records=data.count(b"\n"),
-                status="processed",
-                object_key="pending",
-            )
-            s.add(f)
-            s.flush()
-            f.object_key = file_key(self.team_id, f.id)
-            self.store.put_bytes(f.object_key, data)
+            f = add_file(s, self.store, self.team_id, data, fmt="preference")
             body = JobSpec.model_validate({**TINY, **spec, "training_file": f.id}).model_dump(
                 mode="json"
             )  # as the API stores it
@@ -95,31 +82,23 @@ class Local:
         return events(self.sessions, job_id)
 
 
-def events(sessions, job_id: str) -> list[JobEvent]:
+def _of_job(sessions, table: Any, order: Any, job_id: str, column: Any = None) -> list:
+    """The job's rows of `table` (or their `column`) in `order`."""
+    query = select(table if column is None else column).where(table.job_id == job_id)
     with sessions() as s:
-        return list(
-            s.execute(
-                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)
-            ).scalars()
-        )
+        return list(s.execute(query.order_by(order)).scalars())
+
+
+def events(sessions, job_id: str) -> list[JobEvent]:
+    return _of_job(sessions, JobEvent, JobEvent.seq, job_id)
 
 
 def metric_steps(sessions, job_id: str) -> list[int]:
-    with sessions() as s:
-        return list(
-            s.execute(
-                select(JobMetric.step).where(JobMetric.job_id == job_id).order_by(JobMetric.step)
-            ).scalars()
-        )
+    return _of_job(sessions, JobMetric, JobMetric.step, job_id, column=JobMetric.step)
 
 
 def checkpoint_steps(sessions, job_id: str) -> list[int]:
-    with sessions() as s:
-        return list(
-            s.execute(
-                select(Checkpoint.step).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
-            ).scalars()
-        )
+    return _of_job(sessions, Checkpoint, Checkpoint.step, job_id, column=Checkpoint.step)
 
 
 @pytest.fixture
@@ -198,9 +177,9 @@ class Stack:
         raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s\n{logs()}")
 
     def send(self, job_id: str, queue: str) -> None:
-        """run_job(job_id) straight onto `queue`, as a second delivery would."""
-        from celery import Celery
-
+        """run_job(job_id) straight onto `queue`, as a second delivery would. (Celery is
+        imported at the top of this module: importing it here raced the API's sender thread
+        importing it on its first send, and celery's lazy package can fail one of them.)"""
         app = Celery("test-client", broker=self.broker_url)
         app.send_task("worker.tasks.run_job", args=[job_id], queue=queue)
         app.close()

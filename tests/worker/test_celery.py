@@ -9,12 +9,12 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load, load_file
 
 from models.tables import Job
+from tests.api.conftest import presigned_checkpoint_file
 from tests.worker.conftest import (
     PREFERENCE,
     REPO,
@@ -77,14 +77,9 @@ def test_job_trains_end_to_end(stack, celery_workers, s3_server):
     assert final["prefix"] + "model.safetensors" in keys
     assert job["result"]["last_checkpoint_step"] == 6
 
-    r = stack.client.get(
-        f"/v1/jobs/{job_id}/checkpoints/6/download",
-        headers=stack.headers,
-        params={"file": "weights.safetensors"},
-        follow_redirects=False,
+    fetched = presigned_checkpoint_file(
+        stack.client, stack.headers, job_id, 6, "weights.safetensors"
     )
-    assert r.status_code == 307
-    fetched = httpx.get(r.headers["location"], timeout=10)
     assert fetched.status_code == 200
     weights = load(fetched.content)
     assert weights and all(t.dtype == torch.float32 for t in weights.values())

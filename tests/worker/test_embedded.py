@@ -81,3 +81,29 @@ def test_enqueue_before_start_waits_for_the_worker(local):
         assert local.job(job_id).error["type"] == "missing_file"
     finally:
         embedded.stop()
+
+
+def test_a_training_file_with_a_utf8_bom_is_accepted_and_trained_on(local, api):
+    """The API and the trainer validate with one validator: a file the API accepts (a BOM
+    before the first line, CRLF line ends: what Windows editors write) trains. Before they
+    shared it, the upload succeeded and the job failed with `Unexpected UTF-8 BOM`."""
+    embedded.start(local.settings)
+    data = b"\xef\xbb\xbf" + PREFERENCE.replace(b"\n", b"\r\n")
+    r = api.post(
+        "/v1/files",
+        files={"file": ("train.jsonl", data, "application/jsonl")},
+        data={"purpose": "train"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["records"] == PREFERENCE.count(b"\n")
+    r = api.post("/v1/jobs", json={**TINY, "training_file": r.json()["id"], "max_steps": 2})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+
+    def done():
+        status = api.get(f"/v1/jobs/{job_id}").json()
+        return status if status["status"] in ("succeeded", "failed", "cancelled") else None
+
+    job = wait_for(done, 120, 0.2, "the job to finish")
+    assert job["status"] == "succeeded", job["error"]
+    assert metric_steps(local.sessions, job_id) == [1, 2]

@@ -11,10 +11,12 @@ from models.base import utcnow
 from models.tables import Evaluation
 from tests.worker.conftest import wait_for
 from worker import embedded
-from worker.reaper import EvaluationSweep
+from worker.reaper import reap_evaluations
 
 
-def _evaluation(local, *, status="queued", age=0.0, base_model="tiny-llama", job_id=None) -> str:
+def _evaluation(
+    local, *, status="queued", age=0.0, lease=None, base_model="tiny-llama", job_id=None
+) -> str:
     with local.sessions() as s:
         row = Evaluation(
             team_id=local.team_id,
@@ -30,7 +32,11 @@ def _evaluation(local, *, status="queued", age=0.0, base_model="tiny-llama", job
         s.execute(
             update(Evaluation)
             .where(Evaluation.id == row.id)
-            .values(updated_at=utcnow() - timedelta(seconds=age))
+            .values(
+                updated_at=utcnow() - timedelta(seconds=age),
+                lease_owner=None if lease is None else "w",
+                lease_expires_at=None if lease is None else utcnow() + timedelta(seconds=lease),
+            )
         )
         s.commit()
         return row.id
@@ -53,14 +59,17 @@ def test_embedded_worker_runs_evaluations(local):
 
 
 def test_stale_evaluations_are_re_sent_once_per_period(local):
+    """The reaper's sweep of evaluations, the same as of jobs: a lost message (queued too
+    long) and a dead worker (an expired lease) are sent again; fresh and live ones are not."""
     lost = _evaluation(local, age=120)
-    dead = _evaluation(local, status="running", age=30)
+    dead = _evaluation(local, status="running", lease=-30)
     fresh = _evaluation(local)
-    alive = _evaluation(local, status="running")
+    alive = _evaluation(local, status="running", lease=60)
     sent: list[str] = []
-    sweep = EvaluationSweep(local.sessions, sent.append, queued_seconds=60, running_seconds=10)
-    assert sorted(sweep()) == sorted([lost, dead])
-    assert sweep() == []  # remembered: not again within the period
+    options = {"max_attempts": 5, "stale_queued_seconds": 60}
+    assert sorted(reap_evaluations(local.sessions, sent.append, **options)) == sorted([lost, dead])
+    assert _status(local, dead).status == "queued"
+    assert reap_evaluations(local.sessions, sent.append, **options) == []  # once per period
     assert fresh not in sent and alive not in sent
 
 

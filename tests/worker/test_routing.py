@@ -92,8 +92,11 @@ def test_multi_gpu_command_uses_accelerate_launch():
 
 def test_multi_process_cpu_command_and_ports():
     cmd = trainer_command("/py", Path("s"), Path("r"), resume=False, place=Placement(2, cpu=True))
-    assert "--cpu" in cmd and "--multi_gpu" not in cmd
-    port = int(cmd[cmd.index("--main_process_port") + 1])
+    # torchrun, not `accelerate launch --cpu` (which starts one process unless MPI is installed)
+    assert cmd[:3] == ["/py", "-m", "torch.distributed.run"] and "--cpu" not in cmd
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert cmd[-7:] == ["-m", "trainer", "run", "s", "--out", "r", "--no-progress"]
+    port = int(cmd[cmd.index("--master-port") + 1])
     assert 1024 < port < 65536
     assert trainer_env(Placement(1, cpu=True), base={})["CUDA_VISIBLE_DEVICES"] == ""  # hidden
     inherited = trainer_env(Placement(1), base={"CUDA_VISIBLE_DEVICES": "3"})
@@ -101,7 +104,7 @@ def test_multi_process_cpu_command_and_ports():
 
 
 def test_worker_settings():
-    s = WorkerSettings(WORKER_GPUS=" 0, 1 ,", LEASE_SECONDS=5, HEARTBEAT_SECONDS=30)
+    s = WorkerSettings(WORKER_GPUS="ids: 0, 1", LEASE_SECONDS=5, HEARTBEAT_SECONDS=30)
     assert s.gpu_ids == ["0", "1"]
     assert WorkerSettings(WORKER_GPUS="").gpu_ids is None
     assert WorkerSettings(WORKER_GPUS="none").gpu_ids == []

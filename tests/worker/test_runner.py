@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from sqlalchemy import update
 
@@ -64,19 +67,27 @@ def _fake(
     return Runner(settings, local.sessions, store or local.store)
 
 
-def test_duplicate_delivery_does_not_train_twice(local, tmp_path, monkeypatch):
-    job_id = local.make_job(max_steps=8)
-    first = _fake(local, tmp_path, monkeypatch, steps=8, sleep=0.2)
+@contextmanager
+def _training(local, runner: Runner, job_id: str, join: float) -> Iterator[list]:
+    """runner.run(job_id) on a thread; the block runs once the trainer logged a step. Yields
+    the list the run's outcome is appended to (waited for, up to `join` s, after the block)."""
     outcome: list = []
-    thread = threading.Thread(target=lambda: outcome.append(first.run(job_id)))
+    thread = threading.Thread(target=lambda: outcome.append(runner.run(job_id)))
     thread.start()
     try:
         wait_for(lambda: metric_steps(local.sessions, job_id), 30, what="training")
+        yield outcome
+    finally:
+        thread.join(join)
+
+
+def test_duplicate_delivery_does_not_train_twice(local, tmp_path, monkeypatch):
+    job_id = local.make_job(max_steps=8)
+    first = _fake(local, tmp_path, monkeypatch, steps=8, sleep=0.2)
+    with _training(local, first, job_id, join=60) as outcome:
         t0 = time.monotonic()
         assert first.run(job_id) is None  # leased by the first attempt: not claimable
         assert time.monotonic() - t0 < 1
-    finally:
-        thread.join(60)
     assert outcome == ["succeeded"]
     assert first.run(job_id) is None  # finished: not claimable either
     job = local.job(job_id)
@@ -87,22 +98,19 @@ def test_duplicate_delivery_does_not_train_twice(local, tmp_path, monkeypatch):
     assert [e.data["to"] for e in history if e.kind == "status"] == [
         "queued", "running", "succeeded",
     ]  # fmt: skip
+    # the job's scratch directory is where the settings say, and gone once the job ended
+    work = Path(local.settings.WORKER_DIR)
+    assert work.is_dir() and not (work / job_id).exists()
 
 
 def test_lost_lease_stops_the_trainer_and_writes_nothing(local, tmp_path, monkeypatch):
     job_id = local.make_job(max_steps=200)
     runner = _fake(local, tmp_path, monkeypatch, steps=1000, sleep=0.05)
-    outcome: list = []
-    thread = threading.Thread(target=lambda: outcome.append(runner.run(job_id)))
-    thread.start()
-    try:
-        wait_for(lambda: metric_steps(local.sessions, job_id), 30, what="training")
+    with _training(local, runner, job_id, join=30) as outcome:
         with local.sessions() as s:  # another worker reclaimed the job
             s.execute(update(Job).where(Job.id == job_id).values(lease_owner="someone-else"))
             s.commit()
         seen = len(local.events(job_id)), len(metric_steps(local.sessions, job_id))
-    finally:
-        thread.join(30)
     assert outcome == ["lost"]
     job = local.job(job_id)
     assert job.status == "running" and job.lease_owner == "someone-else"
@@ -191,7 +199,7 @@ class FlakyStore:
 def test_a_store_outage_is_not_reported_as_done(local, tmp_path, monkeypatch):
     """Checkpoints that cannot be uploaded: the job is neither succeeded nor failed; the lease
     lapses and the reaper requeues it (it resumes from what is durable)."""
-    monkeypatch.setattr("worker.runner.time.sleep", lambda _: None)  # upload retry back-off
+    monkeypatch.setattr("worker.progress.time.sleep", lambda _: None)  # upload retry back-off
     job_id = local.make_job(max_steps=2)
     store = FlakyStore(local.store)
     runner = _fake(local, tmp_path, monkeypatch, steps=2, checkpoint="1", store=store)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.evaluation.conftest import non_blank_fraction, render_in_chromium
-from trainer.report import (
+from reports import (
     build_comparison,
     build_job_report,
     load_run_dir,
@@ -22,7 +21,8 @@ from trainer.report import (
     render_evaluation_html,
     render_job_html,
 )
-from trainer.report.job import phases
+from reports.job import phases
+from tests.fixtures.browser import non_blank_fraction, render_in_chromium
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 XSS = "<script>alert('x')</script>"
@@ -229,7 +229,7 @@ def test_report_of_a_run_directory(tmp_path):
     # and the CLI
     out = tmp_path / "r.html"
     subprocess.run(
-        [sys.executable, "-m", "trainer.report", str(run), "--out", str(out)],
+        [sys.executable, "-m", "reports", str(run), "--out", str(out)],
         check=True,
         cwd=Path(__file__).resolve().parents[2],
         capture_output=True,

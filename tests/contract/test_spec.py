@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from trainer.spec.job import JobSpec, load_spec
+from contract.spec import JobSpec, load_spec
 
 
 def spec(**kw):

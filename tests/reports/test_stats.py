@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.evaluation.stats import (
+from reports.stats import (
     Estimate,
     bootstrap_se,
     holm_bonferroni,
@@ -35,13 +35,19 @@ def _judge(rng: np.random.Generator, p_win: np.ndarray) -> np.ndarray:
     return (rng.random((p_win.size, 2)) < p_win[:, None]).astype(float)
 
 
+def _length_biased(seed: int, n: int, longer: float, quality: float, slope: float):
+    """n judged pairs, model answers `longer` (as _lengths), from a judge whose logit that the
+    model wins is `quality` + `slope` x the length feature: (judgements, model, ref)."""
+    rng = np.random.default_rng(seed)
+    model, ref = _lengths(rng, n, longer)
+    feat, _ = length_features(model, ref)
+    return _judge(rng, 1 / (1 + np.exp(-(quality + slope * feat)))), model, ref
+
+
 def test_length_only_judge_gives_lc_near_half_while_raw_is_far_from_it():
     # The judge looks only at length: P(model wins) = σ(3 · tanh(Δ/σ)), and the model writes
     # longer answers 80% of the time. Quality is equal, so the honest answer is 50%.
-    rng = np.random.default_rng(0)
-    model, ref = _lengths(rng, 2000, longer=0.35)
-    feat, _ = length_features(model, ref)
-    judgements = _judge(rng, 1 / (1 + np.exp(-3.0 * feat)))
+    judgements, model, ref = _length_biased(0, 2000, longer=0.35, quality=0.0, slope=3.0)
     raw = win_rate(judgements)
     lc = length_controlled_win_rate(judgements, model, ref)
     assert raw.value > 0.68, raw  # the length bias inflates the raw win rate ...
@@ -51,10 +57,8 @@ def test_length_only_judge_gives_lc_near_half_while_raw_is_far_from_it():
 
 
 def test_length_only_judge_preferring_shorter_answers_is_corrected_too():
-    rng = np.random.default_rng(1)
-    model, ref = _lengths(rng, 2000, longer=0.35)
-    feat, _ = length_features(model, ref)
-    judgements = _judge(rng, 1 / (1 + np.exp(+2.0 * feat)))  # prefers the shorter answer
+    # prefers the shorter answer
+    judgements, model, ref = _length_biased(1, 2000, longer=0.35, quality=0.0, slope=-2.0)
     assert win_rate(judgements).value < 0.35
     lc = length_controlled_win_rate(judgements, model, ref)
     assert abs(lc.estimate.value - 0.5) < 3 * lc.estimate.se
@@ -74,10 +78,7 @@ def test_unbiased_judge_lc_and_raw_agree():
 
 def test_quality_and_length_bias_together_recover_the_quality_effect():
     # True logit 1.0 (σ = 73%) plus a length bias; LC recovers ≈ 73%, raw overshoots.
-    rng = np.random.default_rng(3)
-    model, ref = _lengths(rng, 1000, longer=0.4)
-    feat, _ = length_features(model, ref)
-    judgements = _judge(rng, 1 / (1 + np.exp(-(1.0 + 2.0 * feat))))
+    judgements, model, ref = _length_biased(3, 1000, longer=0.4, quality=1.0, slope=2.0)
     lc = length_controlled_win_rate(judgements, model, ref).estimate
     assert abs(lc.value - 1 / (1 + math.exp(-1.0))) < 2.5 * lc.se
     assert win_rate(judgements).value > lc.value + 0.08
@@ -93,10 +94,7 @@ def test_win_rate_se_matches_the_bootstrap():
 
 
 def test_lc_se_matches_the_bootstrap():
-    rng = np.random.default_rng(5)
-    model, ref = _lengths(rng, 300, longer=0.3)
-    feat, _ = length_features(model, ref)
-    judgements = _judge(rng, 1 / (1 + np.exp(-(0.3 + 2.0 * feat))))
+    judgements, model, ref = _length_biased(5, 300, longer=0.3, quality=0.3, slope=2.0)
     est = length_controlled_win_rate(judgements, model, ref).estimate
     boot = bootstrap_se(
         lambda idx: (

@@ -1,0 +1,237 @@
+"""Operator caps on every resource field of a spec (issue 14, finding 2 and 4): a job asking
+for more than the deployment allows is refused with 422 naming the field and the cap, on both
+job routes, and no row is written."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from api.caps import CAPS
+from contract.spec import INT4_MAX, JobSpec
+from models.settings import Settings
+from models.tables import Job
+from tests.api.conftest import PREFERENCE, job_body
+
+ONLINE = {"objective": "grpo", "variant": "online", "max_steps": 2, "batch_size": 8}
+
+
+def _rows(db_sessions) -> int:
+    with db_sessions() as s:
+        return s.execute(select(func.count()).select_from(Job)).scalar_one()
+
+
+# (overrides, field, value over the default cap): the attack pass's values among them
+OVER = [
+    ({"adapter": {"kind": "lora", "r": 1_000_000}}, "adapter.r", 256),
+    ({"max_steps": 2_000_000_000}, "max_steps", 100_000),
+    ({"epochs": 10**12 // 10**3}, "epochs", 100),
+    ({"max_length": 100_000_000}, "max_length", 8192),
+    ({"batch_size": 4096}, "batch_size", 1024),
+    ({"grad_accum": 512, "batch_size": 512}, "grad_accum", 256),
+    ({"quality_sample": 10**7}, "quality_sample", 4096),
+    (
+        {**ONLINE, "online": {"num_samples": 100_000, "grpo_keep": "extremes"}},
+        "online.num_samples",
+        64,
+    ),
+    ({**ONLINE, "online": {"max_new_tokens": 1_000_000}}, "online.max_new_tokens", 4096),
+    ({**ONLINE, "online": {"prompt_budget": 1e9}}, "online.prompt_budget", 16.0),
+    ({**ONLINE, "online": {"vllm": {"max_model_len": 10**6}}}, "online.vllm.max_model_len", 16384),
+    ({**ONLINE, "online": {"vllm": {"kv_cache_gib": 1e6}}}, "online.vllm.kv_cache_gib", 64.0),
+    (
+        {
+            **ONLINE,
+            "online": {"rewards": [{"name": "math_accuracy", "options": {"timeout_s": 1e9}}]},
+        },
+        "online.rewards.0.options.timeout_s",
+        60.0,
+    ),
+    (
+        {
+            **ONLINE,
+            "online": {
+                "rewards": [{"name": "math_accuracy", "options": {"start_timeout_s": "1e9"}}]
+            },
+        },
+        "online.rewards.0.options.start_timeout_s",
+        None,
+    ),
+    (
+        {"adapter": {"kind": "lora", "target_modules": [f"m{i}" for i in range(65)]}},
+        "adapter.target_modules",
+        64,
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,field,cap", OVER)
+def test_every_resource_field_over_its_cap_is_422_naming_field_and_cap(
+    client, team_a, train_file, queue, db_sessions, overrides, field, cap
+):
+    r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, **overrides))
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["field"] == field
+    if cap is not None:
+        assert f"cap of {cap}" in err["message"], err["message"]
+    assert _rows(db_sessions) == 0 and queue.job_ids == []
+
+
+def test_every_cap_in_the_table_is_tested():
+    assert {f for f, _ in CAPS} - {o[1] for o in OVER} == {"max_prompt_length"}
+
+
+def test_values_at_the_caps_are_admitted(client, team_a, train_file, settings):
+    body = job_body(
+        train_file, adapter={"kind": "lora", "r": 256}, max_steps=100_000, quality_sample=4096
+    )
+    assert client.post("/v1/jobs", headers=team_a.headers, json=body).status_code == 201
+
+
+def test_operators_set_the_caps(app, client, team_a, train_file, settings):
+    settings.CAP_ADAPTER_R = 8
+    r = client.post(
+        "/v1/jobs",
+        headers=team_a.headers,
+        json=job_body(train_file, adapter={"kind": "lora", "r": 9}),
+    )
+    assert r.status_code == 422 and r.json()["error"]["field"] == "adapter.r"
+    assert "cap of 8" in r.json()["error"]["message"]
+    full = job_body(train_file, adapter={"kind": "none", "r": 9})  # no rank in a full fine-tune
+    assert client.post("/v1/jobs", headers=team_a.headers, json=full).status_code == 201
+    settings.CAP_MAX_PROMPT_LENGTH = 100
+    r = client.post(
+        "/v1/jobs", headers=team_a.headers, json=job_body(train_file, max_prompt_length=101)
+    )
+    assert r.status_code == 422 and r.json()["error"]["field"] == "max_prompt_length"
+
+
+def test_steps_from_epochs_are_capped_too(client, team_a, train_file, settings):
+    """No max_steps: epochs × batches per epoch is what runs (4 pairs, batch 4: 1 per epoch)."""
+    settings.CAP_STEPS = 50
+    assert (
+        client.post(
+            "/v1/jobs", headers=team_a.headers, json=job_body(train_file, epochs=50)
+        ).status_code
+        == 201
+    )
+    r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, epochs=51))
+    assert r.status_code == 422 and r.json()["error"]["field"] == "epochs"
+    assert "51 steps" in r.json()["error"]["message"]
+
+
+def test_the_openai_route_is_capped(client, team_a, train_file, queue, db_sessions):
+    method = {"type": "dpo", "dpo": {"hyperparameters": {"batch_size": 2, "n_epochs": 1000}}}
+    r = client.post(
+        "/v1/fine_tuning/jobs",
+        headers=team_a.headers,
+        json={"model": "tiny-llama", "training_file": train_file, "method": method},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "epochs" and "cap of 100" in r.json()["error"]["message"]
+    assert _rows(db_sessions) == 0
+
+
+@pytest.mark.parametrize("field", ["max_steps", "epochs"])
+def test_step_counts_can_never_overflow_postgresql_int4(
+    client, team_a, train_file, settings, field
+):
+    """Finding 4: max_steps 2^31 left a job `running` forever on PostgreSQL. Even an operator
+    who raises every cap cannot admit a step count past int4: the spec bounds it."""
+    with pytest.raises(ValueError):
+        Settings(CAP_STEPS=INT4_MAX + 1)
+    with pytest.raises(ValueError):  # the spec itself, for the CLI and the worker too
+        JobSpec.model_validate(job_body(train_file, **{field: INT4_MAX + 1}))
+    settings.CAP_STEPS = settings.CAP_EPOCHS = INT4_MAX
+    r = client.post(
+        "/v1/jobs", headers=team_a.headers, json=job_body(train_file, **{field: INT4_MAX + 1})
+    )
+    assert r.status_code == 422 and r.json()["error"]["field"] == field
+    ok = client.post(
+        "/v1/jobs", headers=team_a.headers, json=job_body(train_file, max_steps=INT4_MAX)
+    )
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["total_steps"] == INT4_MAX
+
+
+# --- the training-memory estimate (CAP_TRAIN_MEMORY_GIB) -------------------------------------
+def test_a_job_over_the_memory_cap_is_422_naming_the_fields_and_the_estimate(
+    client, team_a, train_file, queue, db_sessions, settings
+):
+    """tiny-llama, 4 pairs of max_length 1024: about 0.74 GiB (mostly the process itself);
+    the same job at max_length 128 fits under a cap of 0.7 GiB."""
+    from contract.memory import BUILTIN_SHAPES, estimate_training_memory
+
+    settings.CAP_TRAIN_MEMORY_GIB = 0.7
+    body = job_body(train_file, max_length=1024)
+    r = client.post("/v1/jobs", headers=team_a.headers, json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["field"] == "batch_size"
+    estimate = estimate_training_memory(
+        JobSpec.model_validate(body).resolved(),
+        BUILTIN_SHAPES["tiny-llama"],
+        training_file_bytes=len(PREFERENCE),
+        training_records=4,
+    )
+    assert f"about {estimate.gib:.1f} GiB" in err["message"] and "cap of 0.7 GiB" in err["message"]
+    assert "batch_size, grad_accum, max_length" in err["message"]
+    assert [e["part"] for e in err["errors"]][:2] == ["activations", "logits"]
+    assert _rows(db_sessions) == 0 and queue.job_ids == []
+    body = job_body(train_file, max_length=128, max_prompt_length=64)
+    assert client.post("/v1/jobs", headers=team_a.headers, json=body).status_code == 201
+
+
+def test_the_memory_cap_reads_an_allowed_model_directorys_config(
+    client, team_a, train_file, settings, db_sessions, tmp_path
+):
+    """A mounted model is estimated from its config.json (an 8B-sized one here: a full
+    fine-tune's gradients and AdamW state alone are over the cap, so the field is the
+    adapter); a directory the API cannot read is admitted with a warning event, unestimated."""
+    import json
+
+    from models.tables import JobEvent
+
+    settings.CAP_TRAIN_MEMORY_GIB = 64  # one 80 GB GPU's worth
+    big, unreadable = tmp_path / "big-model", tmp_path / "not-mounted-here"
+    big.mkdir()
+    (big / "config.json").write_text(
+        json.dumps(
+            {
+                "vocab_size": 128256,
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+            }
+        )
+    )
+    settings.ALLOWED_BASE_MODELS = f"tiny-llama,{big},{unreadable}"
+    body = job_body(train_file, base_model=str(big), max_length=128, max_prompt_length=64)
+    r = client.post("/v1/jobs", headers=team_a.headers, json=body)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "adapter.kind", r.text
+    assert "gradients and optimizer 89.7 GiB" in r.json()["error"]["message"]
+    assert "a LoRA adapter" in r.json()["error"]["message"]
+    r = client.post(
+        "/v1/jobs", headers=team_a.headers, json=job_body(train_file, base_model=str(unreadable))
+    )
+    assert r.status_code == 201, r.text
+    with db_sessions() as s:
+        events = s.execute(select(JobEvent.message).where(JobEvent.kind == "warning")).scalars()
+        assert any("was not estimated" in m for m in events)
+
+
+def test_the_openai_route_has_the_memory_cap_too(client, team_a, train_file, settings):
+    settings.CAP_TRAIN_MEMORY_GIB = 0.6
+    r = client.post(
+        "/v1/fine_tuning/jobs",
+        headers=team_a.headers,
+        json={
+            "model": "tiny-llama",
+            "training_file": train_file,
+            "method": {"type": "dpo", "dpo": {"hyperparameters": {"batch_size": 4}}},
+        },
+    )
+    assert r.status_code == 422 and "cap of 0.6 GiB" in r.json()["error"]["message"], r.text

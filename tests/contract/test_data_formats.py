@@ -1,0 +1,198 @@
+"""Dataset formats: detection, normalisation and line-numbered errors."""
+
+import json
+
+import pytest
+
+from contract.data import JsonlValidator, iter_lines, MAX_LINE_BYTES, read_jsonl
+
+
+def validate(lines):
+    v = JsonlValidator()
+    records = [r for r in (v.feed(x if isinstance(x, bytes) else json.dumps(x).encode()) for x in lines) if r]
+    return v.finish(), records
+
+
+def test_every_format_is_detected_and_normalised():
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = {
+        "preference": {"prompt": "p", "chosen": "a", "rejected": "b"},
+        "unpaired": {"prompt": "p", "completion": "a", "label": False},
+        "prompt": {"prompt": "p", "answer": 4, "difficulty": "easy"},
+        "eval_instruction": {"instruction": "i", "output": "o"},
+        "eval_math": {"problem": "1+1", "answer": 2, "level": 1},
+    }
+    for fmt, rec in cases.items():
+        report, records = validate([rec])
+        assert report.ok and report.format == fmt, fmt
+    report, (rec,) = validate([{"input": {"messages": msgs}, "preferred_output": [{"role": "assistant", "content": "a"}], "non_preferred_output": [{"role": "assistant", "content": "b"}]}])
+    assert report.format == "preference" and rec["prompt"] == msgs and rec["chosen"][0]["content"] == "a"
+    report, (rec,) = validate([{"prompt": "p", "answer": 4, "difficulty": "easy"}])
+    assert rec["answer"] == "4" and rec["difficulty"] == "easy"
+
+
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        (b"{not json", "(json)"),
+        (b"[1, 2]", "(json)"),
+        (json.dumps({"a": 1}).encode(), "(columns)"),
+        (json.dumps({"prompt": "p", "chosen": "", "rejected": "b"}).encode(), "chosen"),
+        (json.dumps({"prompt": "p", "chosen": "a", "rejected": 3}).encode(), "rejected"),
+        (json.dumps({"prompt": "p", "completion": "a", "label": "yes"}).encode(), "label"),
+        (json.dumps({"prompt": [{"role": "bot", "content": "x"}], "chosen": [{"role": "assistant", "content": "a"}], "rejected": [{"role": "assistant", "content": "b"}]}).encode(), "prompt[0].role"),
+        (json.dumps({"prompt": "p", "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"}).encode(), "rejected"),
+        (b"\xff\xfe{}", "(line)"),
+        (json.dumps({"prompt": "p", "completion": "a", "label": True}).encode(), "(columns)"),  # mixed
+    ],
+)
+def test_bad_lines_name_line_and_field(line, field):
+    good = json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}).encode()
+    if b'"yes"' in line:  # judge the label within an unpaired file
+        good = json.dumps({"prompt": "p", "completion": "a", "label": True}).encode()
+    report, records = validate([good, b"", line])
+    assert not report.ok
+    assert [(e.line, e.field) for e in report.errors] == [(3, field)]
+    assert len(records) == 1
+
+
+def test_empty_file_is_an_error_and_blank_lines_are_not():
+    report, _ = validate([b"", b"  "])
+    assert not report.ok and report.errors[0].field == "(file)"
+
+
+def test_iter_lines_streams_and_cuts_overlong_lines():
+    big = b"x" * (MAX_LINE_BYTES + 10)
+    a, b = b'{"prompt": "a"}', b'{"prompt": "b"}'
+    stream = [a + b"\n", big[: MAX_LINE_BYTES // 2], big[MAX_LINE_BYTES // 2 :] + b"\n", b]
+    lines = list(iter_lines(stream))
+    assert lines[0] == a and lines[-1] == b and len(lines) == 3
+    v = JsonlValidator()
+    for ln in lines:
+        v.feed(ln)
+    assert [(e.line, e.field) for e in v.report.errors] == [(2, "(line)")]
+    assert "longer" in v.report.errors[0].message and v.report.records == 2
+
+
+def test_read_jsonl_raises_with_line_numbers(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "p"\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_jsonl(str(p))
+
+
+def test_a_bom_is_skipped_before_the_first_line_only(tmp_path):
+    """The BOM case the API accepted and the trainer refused: one validator, one answer."""
+    line = b'{"prompt": "p", "chosen": "a", "rejected": "b"}'
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + line + b"\r\n" + line + b"\r\n")
+    fmt, records = read_jsonl(str(p))
+    assert fmt == "preference" and len(records) == 2 and records[0]["prompt"] == "p"
+    # A BOM anywhere else is not a byte-order mark: that line is malformed.
+    p.write_bytes(line + b"\n\xef\xbb\xbf" + line + b"\n")
+    with pytest.raises(ValueError, match="line 2"):
+        read_jsonl(str(p))
+
+
+def test_a_tighter_line_limit_names_the_line():
+    v = JsonlValidator(max_line_bytes=20)
+    v.feed(b'{"prompt": "short"}')
+    v.feed(b'{"prompt": "far too long for twenty bytes"}')
+    assert [(e.line, e.field) for e in v.report.errors] == [(2, "(line)")]
+    assert "longer than 20 bytes" in v.report.errors[0].message and v.report.records == 1
+
+
+# --- what users trust the validator to catch (issue 15 §4) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"prompt": "Q", "chosen": "same", "rejected": "same"},
+        {"prompt": [{"role": "user", "content": "Q"}],
+         "chosen": [{"role": "assistant", "content": "A"}],
+         "rejected": [{"role": "assistant", "content": "A"}]},
+        {"input": {"messages": [{"role": "user", "content": "Q"}]},
+         "preferred_output": [{"role": "assistant", "content": "A"}],
+         "non_preferred_output": [{"role": "assistant", "content": "A"}]},
+    ],
+)
+def test_a_pair_whose_answers_are_identical_is_refused(record):
+    ok = {"prompt": "Q", "chosen": "a", "rejected": "b"}
+    report, _ = validate([ok, record])
+    assert not report.ok
+    (err,) = report.errors
+    assert err.line == 2 and err.field in ("rejected", "non_preferred_output")
+    assert "identical" in err.message
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\u200b", "\x00\x01\n", "\ufeff \u200e\t", "\x7f"])
+def test_text_with_nothing_visible_is_empty(text):
+    report, _ = validate([{"prompt": "Q", "chosen": text, "rejected": "b"}])
+    assert [(e.line, e.field) for e in report.errors] == [(1, "chosen")]
+    assert "empty" in report.errors[0].message
+
+
+def test_visible_text_with_controls_around_it_is_kept():
+    report, _ = validate([{"prompt": "\u200bQ\n", "chosen": "\ta", "rejected": "b\x00"}])
+    assert report.ok
+
+
+def test_every_error_of_a_line_is_reported_with_its_field():
+    report, _ = validate([{"prompt": 3, "chosen": "", "rejected": None}])
+    assert [(e.line, e.field) for e in report.errors] == [
+        (1, "prompt"), (1, "chosen"), (1, "rejected"),
+    ]
+    report, _ = validate([{"prompt": "", "completion": 5, "label": "yes"}])
+    assert [e.field for e in report.errors] == ["prompt", "completion", "label"]
+    report, _ = validate([{"input": {"messages": []}, "preferred_output": " ",
+                        "non_preferred_output": [{"role": "bot", "content": "y"}]}])
+    assert [e.field for e in report.errors] == [
+        "input.messages", "preferred_output", "non_preferred_output[0].role",
+    ]
+
+
+def test_unknown_columns_are_warnings_not_errors():
+    report, _ = validate([
+        {"prompt": "Q", "chosen": "a", "rejected": "b", "score": 3},
+        {"prompt": "Q", "chosen": "a", "rejected": "b", "score": 4, "source": "web"},
+        {"prompt": "Q", "chosen": "a", "rejected": "c"},
+    ])
+    assert report.ok and report.records == 3
+    assert report.warnings == [
+        "line 1: unknown column 'score' is ignored",
+        "line 2: unknown column 'source' is ignored",
+    ]
+    prompts, _ = validate([{"prompt": "Q", "answer": "1", "difficulty": "easy"}])
+    assert prompts.ok and prompts.warnings == []  # extra columns reach reward functions
+
+
+def test_jsonl_reader_streams_records_with_offsets_and_fails_at_the_end(tmp_path):
+    """The trainer's reader (contract.data.JsonlReader): one record at a time, each with its
+    line's byte offset (record_at reads it again, BOM and CRLF handled), and a file with a
+    bad line raises ValueError listing it once the records before it were read."""
+    from contract.data import JsonlReader, record_at
+
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(
+        b'\xef\xbb\xbf{"prompt": "a", "chosen": "b", "rejected": "c"}\r\n\n'
+        b'{"prompt": "x", "chosen": "y", "rejected": "z"}\n'
+    )
+    reader = JsonlReader(str(good))
+    assert reader.first() == "preference"
+    seen = [(reader.offset, r) for r in reader]
+    assert [o for o, _ in seen] == [0, 53] and reader.records == 2
+    with open(good, "rb") as fh:
+        assert [record_at(fh, o, "preference") for o, _ in seen] == [r for _, r in seen]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": 1}\n')
+    reader = JsonlReader(str(bad))
+    records = []
+    with pytest.raises(ValueError, match="line 2"):
+        for record in reader:
+            records.append(record)
+    assert len(records) == 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no records"):
+        JsonlReader(str(empty)).first()
