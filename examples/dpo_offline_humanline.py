@@ -7,7 +7,8 @@
 Uploads a JSONL preference file ({"prompt", "chosen", "rejected"} per line; the server
 validates every line), submits a DPO job with humanline clipping (token log-ratios clamped
 to [-1.5, 1.5]) and syncing (reference = policy before each update, k = 1), follows it with a
-progress bar, then prints its last metrics and checkpoints and can download the final one.
+progress bar, then prints its last metrics and checkpoints and can download the trained
+model (`--download DIR`: the exported adapter directory, loadable with peft).
 With --no-wait (or HUMANLINE_NO_WAIT=1) it stops after submitting the job.
 
 Needs only the SDK: pip install humanline-client (this repo: pip install ./client).
@@ -15,10 +16,10 @@ Needs only the SDK: pip install humanline-client (this repo: pip install ./clien
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
+
+from journey import LORA_DPO, journey_options
 
 from humanline_client import Client, HumanlineError
 
@@ -26,17 +27,9 @@ DATA = Path(__file__).resolve().parent / "data" / "preferences.jsonl"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = journey_options(__doc__, steps=24)
     ap.add_argument("--data", type=Path, default=DATA, help="preference JSONL to upload")
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="base model")
-    ap.add_argument("--steps", type=int, default=24, help="optimizer steps")
-    ap.add_argument("--download", type=Path, help="download the final checkpoint here")
-    ap.add_argument(
-        "--no-wait",
-        action="store_true",
-        default=os.environ.get("HUMANLINE_NO_WAIT", "") not in ("", "0"),
-        help="stop after submitting (also HUMANLINE_NO_WAIT=1)",
-    )
+    ap.add_argument("--download", type=Path, help="download the trained model into this directory")
     args = ap.parse_args(argv)
 
     with Client() as client:  # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
@@ -51,14 +44,10 @@ def main(argv: list[str] | None = None) -> int:
             objective={"name": "dpo", "beta": 0.1},
             variant="offline+humanline",
             humanline_params={"log_eps_P": -1.5, "log_eps_R": 1.5, "sync_every": 1},
-            adapter={"kind": "lora", "r": 8, "alpha": 16},
-            optim={"lr": 2e-4},
-            batch_size=4,
             max_steps=args.steps,
-            max_length=160,
-            max_prompt_length=96,
             checkpoint_every=max(1, args.steps // 2),
             metadata={"example": "dpo_offline_humanline"},
+            **LORA_DPO,
         )
         print(f"created {job.id}: {job.objective} {job.variant} on {job.base_model}, {job.status}")
         if args.no_wait:
@@ -83,14 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         checkpoints = list(client.jobs.checkpoints(job.id))
         for ckpt in checkpoints:
             print(f"checkpoint step {ckpt.step}: {ckpt.bytes} bytes, files {ckpt.files}")
-        if args.download and checkpoints:
-            final = checkpoints[-1]
-            args.download.mkdir(parents=True, exist_ok=True)
-            for name in final.files or []:
-                dest = args.download / name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                client.jobs.download_checkpoint(job.id, step=final.step, file=name, to=dest)
-            print(f"downloaded checkpoint step {final.step} to {args.download}")
+        if args.download:
+            # The exported model (adapter weights, adapter_config.json, model card), not a
+            # training checkpoint: `PeftModel.from_pretrained(base, DIR)` loads it.
+            client.jobs.download_model(job.id, args.download, progress=True)
+            print(f"downloaded the model ({len(job.model_files)} files) to {args.download}")
     return 0
 
 

@@ -16,10 +16,10 @@ Needs only the SDK: pip install humanline-client (this repo: pip install ./clien
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
+
+from journey import journey_options
 
 from humanline_client import Client, HumanlineError
 
@@ -27,23 +27,17 @@ DATA = Path(__file__).resolve().parent / "data"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-instruct", help="base model")
-    ap.add_argument("--steps", type=int, default=16, help="optimizer steps")
+    ap = journey_options(__doc__, steps=16)
     ap.add_argument("--sample-every", type=int, default=8, help="steps per sampling round")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument(
-        "--no-wait",
-        action="store_true",
-        default=os.environ.get("HUMANLINE_NO_WAIT", "") not in ("", "0"),
-        help="stop after submitting (also HUMANLINE_NO_WAIT=1)",
-    )
     args = ap.parse_args(argv)
 
     with Client() as client:  # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
         prompts = client.files.upload(file=DATA / "arithmetic_train.jsonl", purpose="train")
         evals = client.files.upload(file=DATA / "arithmetic_eval.jsonl", purpose="eval")
-        print(f"uploaded {prompts.records} {prompts.format} prompts and {evals.records} {evals.format} problems")
+        print(
+            f"uploaded {prompts.records} {prompts.format} prompts and {evals.records} {evals.format} problems"
+        )
         job = client.jobs.create(
             base_model=args.model,
             training_file=prompts.id,
@@ -51,20 +45,30 @@ def main(argv: list[str] | None = None) -> int:
             variant="online+humanline",
             humanline_params={"sync_every": 4},
             adapter={"kind": "lora", "r": 8, "alpha": 16},
-            batch_size=2,
+            batch_size=8,  # sequences: 2 groups of 4
             max_steps=args.steps,
             max_length=448,
             max_prompt_length=400,
             optim={"lr": 1e-4},
             metadata={"example": "online_grpo_math"},
-            extra_body={
-                "online": {"num_samples": 4, "max_new_tokens": args.max_new_tokens,
-                           "sample_every": args.sample_every, "tau": 0.0},
-                "evaluations": [{"file_id": evals.id, "kind": "math", "max_items": 8,
-                                 "generation": {"n": 1, "max_new_tokens": args.max_new_tokens}}],
+            online={
+                "num_samples": 4,
+                "max_new_tokens": args.max_new_tokens,
+                "sample_every": args.sample_every,
+                "tau": 0.0,
             },
+            evaluations=[  # run on the final model when the job succeeds
+                {
+                    "file_id": evals.id,
+                    "kind": "math",
+                    "max_items": 8,
+                    "generation": {"n": 1, "max_new_tokens": args.max_new_tokens},
+                }
+            ],
         )
-        print(f"job {job.id}: online+humanline GRPO, a sampling round every {args.sample_every} steps")
+        print(
+            f"job {job.id}: online+humanline GRPO, a sampling round every {args.sample_every} steps"
+        )
         if args.no_wait:
             print("not waiting (--no-wait)")
             return 0
