@@ -191,6 +191,21 @@ def test_prefix_cache_is_reset_after_a_reload(full_engine):
     assert assert_follows(sampler, policy, LONG) == 0
 
 
+def test_engine_start_leaves_the_trainers_torch_threads_alone(tied_model_dir, tokenizer):
+    """vLLM's in-process start sets torch threads "for serving" and replaces
+    torch.set_num_threads with a no-op on its CPU backend; the trainer's steps keep theirs."""
+    torch.set_num_threads(2)
+    sampler = make_sampler("vllm", tied_model_dir, tokenizer, **vllm_options())
+    try:
+        assert torch.set_num_threads is torch._C.set_num_threads
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)  # and the trainer can still set them
+        assert torch.get_num_threads() == 1
+    finally:
+        sampler.close()
+        torch.set_num_threads(2)
+
+
 def test_lora_reload_after_optimizer_steps_follows_the_policy(tied_model_dir, tokenizer):
     import random
 

@@ -129,7 +129,8 @@ class VLLMSampler:
                 enable_lora=True, max_lora_rank=vllm_lora_rank(self._lora_rank), max_loras=1
             )
         kwargs.update(llm_kwargs)
-        with _caller_rng_kept():  # vLLM seeds the process's generators at start
+        # vLLM seeds the process's generators and sets its torch threads at start
+        with _caller_rng_kept(), _caller_threads_kept():
             self.llm = LLM(**kwargs)
         parallel = self.llm.llm_engine.vllm_config.parallel_config
         # What the engine actually runs on, as vLLM resolved it (the first round's event).
@@ -249,6 +250,23 @@ def _caller_rng_kept() -> Iterator[None]:
         finally:
             random.setstate(py)
             np.random.set_state(npy)
+
+
+@contextlib.contextmanager
+def _caller_threads_kept() -> Iterator[None]:
+    """The trainer's torch intra-op threads as they were. vLLM's engine runs in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and its start is process-wide: it drops torch to 1
+    thread "for serving" unless OMP_NUM_THREADS is set (``set_torch_threads_for_runtime``), and
+    its CPU worker replaces ``torch.set_num_threads`` with a no-op (``CPUWorker.init_device``),
+    so the trainer's steps after the first round would run on whatever count it left, and
+    nothing could set it back."""
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads  # type: ignore[assignment]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 @contextlib.contextmanager
