@@ -62,7 +62,8 @@ ENGINE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a decoder-only transformer that memory depends on."""
+    """The sizes of a decoder-only transformer that memory depends on (fields in this order:
+    `BUILTIN_SHAPES` lists them positionally)."""
 
     vocab_size: int
     hidden_size: int
@@ -105,6 +106,19 @@ class ModelShape:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         )
 
+    def llama_config(self) -> dict[str, Any]:
+        """These sizes under a Hugging Face LlamaConfig's names (the inverse of from_config)."""
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+
     @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
@@ -146,26 +160,8 @@ class ModelShape:
 # The built-in models' shapes (trainer.modeling.sources builds them; a test checks these
 # against the config.json each build writes), so the API needs no model on its disk.
 BUILTIN_SHAPES: dict[str, ModelShape] = {
-    "smollm2-135m-instruct": ModelShape(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_layers=30,
-        num_heads=9,
-        num_kv_heads=3,
-        head_dim=64,
-        tie_word_embeddings=True,
-    ),
-    "tiny-llama": ModelShape(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        tie_word_embeddings=True,
-    ),
+    "smollm2-135m-instruct": ModelShape(49152, 576, 1536, 30, 9, 3, 64, True),
+    "tiny-llama": ModelShape(512, 64, 128, 2, 4, 2, 16, True),
 }
 BUILTIN_SHAPES["HuggingFaceTB/SmolLM2-135M-Instruct"] = BUILTIN_SHAPES["smollm2-135m-instruct"]
 

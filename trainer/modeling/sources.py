@@ -42,6 +42,8 @@ from transformers import (
 )
 from transformers.initialization import no_init_weights
 
+from contract.memory import BUILTIN_SHAPES
+
 log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -249,15 +251,12 @@ def _tiny_tokenizer() -> PreTrainedTokenizerBase:
 def _build_tiny_llama(out: Path) -> None:
     """A deterministic random 2-layer Llama (~70 k parameters) with the tiny tokenizer."""
     tokenizer = _tiny_tokenizer()
+    shape = BUILTIN_SHAPES[TINY_LLAMA].llama_config()  # the API's memory estimate's sizes
+    if shape["vocab_size"] != len(tokenizer):
+        raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} tokens, its shape {shape}")
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **shape,
         max_position_embeddings=2048,
-        tie_word_embeddings=True,
         attention_dropout=0.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
