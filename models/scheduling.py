@@ -30,6 +30,7 @@ sweep is the backstop for anything else.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -45,6 +46,18 @@ PAGE = 200  # candidates read at a time (queued jobs of other queues are skipped
 MAX_PAGES = 25
 
 Routable = Callable[[Any], bool]  # a candidate row (id, team_id, base_model, meta) → ours?
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """Who claims (the worker's id and lease length) and what it may take: a team's running
+    jobs stay under `max_running` (0: no limit), and `routable`, when set, accepts a
+    candidate row (the worker's queue; None: any)."""
+
+    worker_id: str
+    lease_seconds: float
+    max_running: int = 0
+    routable: Routable | None = None
 
 
 class Contended(Exception):
@@ -104,34 +117,28 @@ def _lock_team(session: Session, team_id: str) -> bool:
     return locked is not None
 
 
-def claim_next(
-    session: Session,
-    worker_id: str,
-    lease_seconds: float,
-    *,
-    max_running: int,
-    routable: Routable | None = None,
-    now: datetime | None = None,
-) -> Job | None:
-    """Claim the fairest claimable queued job that `routable` accepts (None: any) for
-    `worker_id`. Returns the job (running, leased, with its `status` event), or None when
-    nothing is claimable. Raises Contended when it skipped a team another worker was
-    claiming at the same moment and claimed nothing: roll back and call again. Does not
-    commit."""
+def claim_next(session: Session, who: Claimant, now: datetime | None = None) -> Job | None:
+    """Claim the fairest claimable queued job that `who` may take. Returns the job
+    (running, leased, with its `status` event), or None when nothing is claimable. Raises
+    Contended when it skipped a team another worker was claiming at the same moment and
+    claimed nothing: roll back and call again. Does not commit."""
     now = now or utcnow()
     tried: set[str] = set()
     contended = False
+    max_running = who.max_running
     for page in range(MAX_PAGES):
         rows = fair_candidates(session, max_running, offset=page * PAGE)
         for row in rows:
-            if row.team_id in tried or (routable is not None and not routable(row)):
+            if row.team_id in tried or (who.routable is not None and not who.routable(row)):
                 continue
             tried.add(row.team_id)
             if not _lock_team(session, row.team_id):
                 contended = True
                 continue
             guard = [_team_running(row.team_id) < max_running] if max_running > 0 else []
-            job = job_states.claim(session, row.id, worker_id, lease_seconds, now=now, where=guard)
+            job = job_states.claim(
+                session, row.id, who.worker_id, who.lease_seconds, now=now, where=guard
+            )
             if job is not None:
                 session.execute(
                     update(Team).where(Team.id == row.team_id).values(last_started_at=now)
@@ -148,14 +155,7 @@ def claim_next(
 
 
 def claim_for(
-    session: Session,
-    job_id: str,
-    worker_id: str,
-    lease_seconds: float,
-    *,
-    max_running: int,
-    routable: Routable | None = None,
-    now: datetime | None = None,
+    session: Session, job_id: str, who: Claimant, now: datetime | None = None
 ) -> Job | None:
     """What a delivery of `job_id` claims: the job itself when its worker died (running with
     an expired lease: it already counts for its team), else the next fair job (claim_next)."""
@@ -163,10 +163,8 @@ def claim_for(
     own = session.execute(select(Job.status, Job.lease_expires_at).where(Job.id == job_id)).first()
     if own is not None and own.status == "running":
         if own.lease_expires_at is None or own.lease_expires_at < now:
-            return job_states.claim(session, job_id, worker_id, lease_seconds, now=now)
-    return claim_next(
-        session, worker_id, lease_seconds, max_running=max_running, routable=routable, now=now
-    )
+            return job_states.claim(session, job_id, who.worker_id, who.lease_seconds, now=now)
+    return claim_next(session, who, now)
 
 
 def next_queued_of_team(session: Session, team_id: str) -> str | None:

@@ -381,10 +381,9 @@ class Runner:
         def claim(s: Session, row_id: str, worker_id: str, lease: float) -> Job | None:
             for attempt in range(CLAIM_TRIES):
                 try:
-                    return scheduling.claim_for(
-                        s, row_id, worker_id, lease,
-                        max_running=self.settings.TEAM_MAX_RUNNING, routable=routable,
-                    )  # fmt: skip
+                    return scheduling.claim_for(s, row_id, scheduling.Claimant(
+                        worker_id, lease, self.settings.TEAM_MAX_RUNNING, routable
+                    ))  # fmt: skip
                 except scheduling.Contended:  # another worker was claiming the same team
                     s.rollback()
                     time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))

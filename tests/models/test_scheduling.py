@@ -37,11 +37,13 @@ def _queue(db_sessions, team_id: str, n: int, **meta: str) -> list[str]:
     return out
 
 
-def _claim(db_sessions, max_running: int = 0, **kw) -> str | None:
+def _claim(db_sessions, max_running: int = 0, routable=None) -> str | None:
     for _ in range(50):
         with db_sessions() as s:
             try:
-                job = scheduling.claim_next(s, "w", LEASE, max_running=max_running, **kw)
+                job = scheduling.claim_next(
+                    s, scheduling.Claimant("w", LEASE, max_running, routable)
+                )
             except scheduling.Contended:
                 s.rollback()
                 continue
@@ -126,7 +128,7 @@ def test_a_delivery_of_a_dead_workers_job_reclaims_it(db_sessions, teams):
         )
         s.commit()
     with db_sessions() as s:  # at its limit, but this job already counts for the team
-        job = scheduling.claim_for(s, a[0], "w2", LEASE, max_running=1)
+        job = scheduling.claim_for(s, a[0], scheduling.Claimant("w2", LEASE, 1))
         s.commit()
     assert job is not None and job.id == a[0] and job.attempt == 2
     with db_sessions() as s:
@@ -169,5 +171,5 @@ def test_the_limit_holds_when_the_candidate_list_is_stale(db_sessions, teams, mo
         scheduling, "fair_candidates", lambda s, _limit, **kw: unfiltered(s, 0, **kw)
     )
     with db_sessions() as s, pytest.raises(scheduling.Contended):
-        scheduling.claim_next(s, "w", LEASE, max_running=1)
+        scheduling.claim_next(s, scheduling.Claimant("w", LEASE, 1))
     assert _running(db_sessions, teams["a"]) == 1
