@@ -1,13 +1,9 @@
 """${message}
 
-Revision ID: ${up_revision}
-Revises: ${down_revision | comma,n}
-Create Date: ${create_date}
+Revision ${up_revision}, after ${down_revision | comma,n}, ${create_date}.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -15,8 +11,12 @@ ${imports if imports else ""}
 
 revision: str = ${repr(up_revision)}
 down_revision: str | None = ${repr(down_revision)}
-branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
-depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+% if branch_labels:
+branch_labels = ${repr(branch_labels)}
+% endif
+% if depends_on:
+depends_on = ${repr(depends_on)}
+% endif
 
 
 def upgrade() -> None:

@@ -1,13 +1,9 @@
 """initial schema
 
-Revision ID: 0001
-Revises:
-Create Date: 2026-11-21
+Revision 0001, the first, 2026-11-21.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -20,8 +16,6 @@ JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 revision: str = "0001"
 down_revision: str | None = None
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -1,21 +1,15 @@
 """evaluations: lease columns (one lease scheme for jobs and evaluations, models.leases)
 
-Revision ID: 0003
-Revises: 0002
-Create Date: 2026-11-23
+Revision 0003, after 0002, 2026-11-23.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0003"
 down_revision: str | None = "0002"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 TIMESTAMP = sa.DateTime(timezone=True)
 

@@ -1,13 +1,9 @@
 """files: purpose 'fine-tune' (OpenAI's name for a training file); warnings column
 
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-23
+Revision 0004, after 0003, 2026-11-23.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -17,8 +13,6 @@ JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 revision: str = "0004"
 down_revision: str | None = "0003"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def _purposes(sql: str) -> None:

@@ -1,22 +1,16 @@
 """fair scheduling: teams.last_started_at (round robin among teams), jobs.runtime_seconds
 (max_runtime over all attempts)
 
-Revision ID: 0005_fair_scheduling
-Revises: 0004
-Create Date: 2026-11-23
+Revision 0005_fair_scheduling, after 0004, 2026-11-23.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005_fair_scheduling"
 down_revision: str | None = "0004"
-branch_labels: str | Sequence[str] | None = None
-depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
