@@ -138,47 +138,46 @@ class Job(Base):
     finished_at: Mapped[datetime | None]
 
 
-class JobEvent(Base):
+class OfAJob:
+    """The columns every row that belongs to one job has (deleted with it)."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class JobEvent(OfAJob, Base):
     """One line of a job's history; `seq` is 1, 2, 3... per job (the SSE event id)."""
 
     __tablename__ = "job_events"
     __table_args__ = (UniqueConstraint("job_id", "seq"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     seq: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any] | None]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class JobMetric(Base):
+class JobMetric(OfAJob, Base):
     """Training metrics of one optimizer step (loss, rewards, clip fraction, KL, ...)."""
 
     __tablename__ = "job_metrics"
     __table_args__ = (UniqueConstraint("job_id", "step"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     values: Mapped[dict[str, Any]]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Checkpoint(Base):
+class Checkpoint(OfAJob, Base):
     """A saved checkpoint: its objects live under `object_prefix` ({team}/{job}/step-{n}/)."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("job_id", "step"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     step: Mapped[int] = mapped_column(Integer)
     object_prefix: Mapped[str] = mapped_column(String(512))
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     files: Mapped[list[str] | None]  # file names under the prefix, when the worker lists them
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Evaluation(Base):

@@ -18,6 +18,22 @@ revision: str = "0001"
 down_revision: str | None = None
 
 
+def _of_a_job(name: str, unique: str, *columns: sa.Column) -> None:
+    """A table of rows that belong to one job (models.tables.OfAJob), unique on (job, `unique`)."""
+    op.create_table(
+        name,
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        *columns,
+        sa.Column("created_at", TIMESTAMP, nullable=False),
+        sa.ForeignKeyConstraint(
+            ["job_id"], ["jobs.id"], name=op.f(f"fk_{name}_job_id_jobs"), ondelete="CASCADE"
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f(f"pk_{name}")),
+        sa.UniqueConstraint("job_id", unique, name=op.f(f"uq_{name}_job_id_{unique}")),
+    )
+
+
 def upgrade() -> None:
     op.create_table(
         "teams",
@@ -130,48 +146,27 @@ def upgrade() -> None:
     op.create_index("ix_jobs_team_id_id", "jobs", ["team_id", "id"])
     op.create_index(op.f("ix_jobs_training_file_id"), "jobs", ["training_file_id"])
 
-    op.create_table(
+    _of_a_job(
         "checkpoints",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
+        "step",
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("object_prefix", sa.String(length=512), nullable=False),
         sa.Column("bytes", sa.BigInteger(), nullable=False),
         sa.Column("files", JSON, nullable=True),
-        sa.Column("created_at", TIMESTAMP, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_checkpoints_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_checkpoints")),
-        sa.UniqueConstraint("job_id", "step", name=op.f("uq_checkpoints_job_id_step")),
     )
-    op.create_table(
+    _of_a_job(
         "job_events",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
+        "seq",
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("kind", sa.String(length=32), nullable=False),
         sa.Column("message", sa.Text(), nullable=False),
         sa.Column("data", JSON, nullable=True),
-        sa.Column("created_at", TIMESTAMP, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_events_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_job_events")),
-        sa.UniqueConstraint("job_id", "seq", name=op.f("uq_job_events_job_id_seq")),
     )
-    op.create_table(
+    _of_a_job(
         "job_metrics",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
+        "step",
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("values", JSON, nullable=False),
-        sa.Column("created_at", TIMESTAMP, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_job_metrics_job_id_jobs"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_job_metrics")),
-        sa.UniqueConstraint("job_id", "step", name=op.f("uq_job_metrics_job_id_step")),
     )
     op.create_table(
         "evaluations",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import secrets
 
 import pytest
@@ -83,7 +82,11 @@ def test_postgresql_downgrade_and_upgrade_again(pg_url):
         admin.dispose()
 
 
-@pytest.mark.parametrize("table", sorted(Base.metadata.tables))
-def test_every_table_is_in_the_initial_migration(table):
-    source = (MIGRATIONS / "versions" / "0001_initial_schema.py").read_text()
-    assert re.search(rf"op\.create_table\(\s*[\"']{table}[\"']", source)
+def test_every_table_is_in_the_initial_migration(tmp_path):
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    command.upgrade(_config(url), "0001")
+    engine = make_engine(url)
+    try:
+        assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
