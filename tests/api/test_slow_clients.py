@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,6 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import generate_latest
 from sqlalchemy import func, select
 
@@ -28,6 +26,7 @@ from api.limits import stream_limiter, upload_limiter
 from api.main import create_app
 from models.tables import File
 from tests.api.conftest import PREFERENCE, job_body, jsonl, stored_objects, upload
+from tests.fixtures.live import serve_in_thread
 
 POOL_TOKENS = 40  # anyio's default thread limiter: every sync route and dependency shares it
 BOUNDARY = "slowclientboundary"
@@ -51,26 +50,7 @@ def make_app(settings, store, queue, db_sessions, **overrides):
     )
 
 
-@contextmanager
-def serve(app) -> Iterator[int]:
-    """The app behind uvicorn on a loopback port, in a thread; yields the port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+serve = serve_in_thread  # the app behind uvicorn on a loopback port, in a thread: the port
 
 
 def multipart(content: bytes, purpose: str = "train") -> tuple[bytes, bytes]:

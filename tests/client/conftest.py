@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import threading
 import time
@@ -32,10 +31,8 @@ try:
 except ImportError:  # the repo is not pip-installed: use the source tree
     sys.path.insert(0, str(ROOT / "client"))
 
-import uvicorn
-from humanline_client import Client
-
 from api.main import create_app
+from humanline_client import Client
 from models import jobs as job_states
 from models.base import Base
 from models.db import make_engine, make_session_factory
@@ -44,6 +41,7 @@ from models.tables import Job
 from models.teams import create_api_key, create_team
 from storage import open_store
 from storage.keys import checkpoint_prefix, job_prefix
+from tests.fixtures.live import bound_socket, serve_in_thread
 
 MAX_JOBS_PER_TEAM = 6
 
@@ -259,13 +257,6 @@ class Server:
             return s.query(Job).filter(Job.team_id == team_id).count()
 
 
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
 @contextlib.contextmanager
 def serve(root: Path, settings_class: type[Settings] = Settings, **overrides: Any):
     """The real app on a free loopback port, behind the FaultInjector, until the block ends."""
@@ -284,29 +275,16 @@ def serve(root: Path, settings_class: type[Settings] = Settings, **overrides: An
     engine = make_engine(settings.DATABASE_URL)
     Base.metadata.create_all(engine)
     sessions = make_session_factory(engine)
-    sock = _free_socket()
+    sock = bound_socket()
     port = sock.getsockname()[1]
     store = PresigningStore(open_store(settings.STORAGE_URL), f"http://127.0.0.1:{port}")
     queue = HookQueue()
     app = create_app(settings, store=store, queue=queue, session_factory=sessions)
     faults = FaultInjector(app, store)
-    config = uvicorn.Config(
-        faults, log_level="critical", lifespan="off", timeout_graceful_shutdown=1
-    )
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.01)
     try:
-        yield Server(f"http://127.0.0.1:{port}", settings, sessions, store, queue, faults)
+        with serve_in_thread(faults, sock, log_level="critical", timeout_graceful_shutdown=1):
+            yield Server(f"http://127.0.0.1:{port}", settings, sessions, store, queue, faults)
     finally:
-        uv.should_exit = True
-        thread.join(timeout=5)
-        sock.close()
         engine.dispose()
 
 
@@ -338,8 +316,9 @@ def aclient_args(server, team) -> dict[str, Any]:
 def cli(server, team):
     """`cli("jobs", "list", ok=True)`: the `humanline` command (typer's CliRunner) as the
     test's team; asserts exit status 0 unless ok=False."""
-    from humanline_client.cli import app
     from typer.testing import CliRunner
+
+    from humanline_client.cli import app
 
     runner = CliRunner()
     env = {"HUMANLINE_BASE_URL": server.url, "HUMANLINE_API_KEY": team[1]}

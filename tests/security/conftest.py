@@ -29,6 +29,7 @@ from tests.api.conftest import (  # noqa: F401 - fixtures
     team_b,
     upload,
 )
+from tests.fixtures.live import serve_in_thread
 
 MARKER = "zebra-unicorn-7731"  # distinctive content of team A's data: must never leak
 TRAIN = jsonl(
@@ -153,27 +154,5 @@ def db_backend() -> str:
 @pytest.fixture
 def live_server(app, team_a):
     """The app behind a real uvicorn (h11) on a loopback port, in a thread: (base_url, key)."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
+    with serve_in_thread(app) as port:
         yield f"http://127.0.0.1:{port}", team_a.key
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
