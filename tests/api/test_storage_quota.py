@@ -30,6 +30,17 @@ def _files(db_sessions, team_id: str) -> int:
         ).scalar_one()
 
 
+def _dpo_job(s, team_id: str, training_file_id: str | None, steps: int):
+    return job_states.create_job(
+        s,
+        team_id=team_id,
+        spec={"base_model": "tiny-llama", "objective": {"name": "dpo"}},
+        metadata={},
+        training_file_id=training_file_id,
+        total_steps=steps,
+    )
+
+
 def test_an_upload_past_the_quota_is_413_and_leaves_nothing(
     client, team_a, team_b, settings, store, db_sessions
 ):
@@ -69,14 +80,7 @@ def test_an_upload_larger_than_the_room_left_is_cut_and_refused(
 def test_checkpoints_and_exported_models_count(client, team_a, settings, db_sessions):
     train = upload(client, team_a).json()["id"]
     with db_sessions() as s:
-        job = job_states.create_job(
-            s,
-            team_id=team_a.id,
-            spec={"base_model": "tiny-llama", "objective": {"name": "dpo"}},
-            metadata={},
-            training_file_id=train,
-            total_steps=2,
-        )
+        job = _dpo_job(s, team_a.id, train, steps=2)
         s.flush()
         s.add(Checkpoint(job_id=job.id, step=1, object_prefix="p/", bytes=1000))
         s.execute(Job.__table__.update().where(Job.id == job.id).values(model_bytes=2000))
@@ -123,14 +127,7 @@ def test_a_succeeded_job_records_its_models_bytes(db_sessions, team_a):
     """The worker reports the exported model's size in result.final_model.bytes; finish()
     keeps it in jobs.model_bytes, which the quota sums."""
     with db_sessions() as s:
-        job = job_states.create_job(
-            s,
-            team_id=team_a.id,
-            spec={"base_model": "tiny-llama", "objective": {"name": "dpo"}},
-            metadata={},
-            training_file_id=None,
-            total_steps=1,
-        )
+        job = _dpo_job(s, team_a.id, None, steps=1)
         s.commit()
         assert job_states.claim(s, job.id, "w1", lease_seconds=60) is not None
         s.commit()
