@@ -133,7 +133,7 @@ def _get(doc: Any, *path: str) -> Any:
 
 
 def kind_of(key: str) -> str | None:
-    """"file" or "job" for a key of the layout of storage.keys, None for any other key."""
+    """The kind ("file" or "job") of a key of the storage.keys layout; None for any other."""
     parts = key.split("/")
     if len(parts) < 3 or ID_PATTERN.fullmatch(parts[0]) is None:
         return None
