@@ -22,8 +22,9 @@ from sqlalchemy import select
 from models.base import new_id
 from models.tables import Checkpoint, Evaluation, Job
 from models.teams import create_team
-from storage import LocalStore, S3Store
+from storage import LocalStore
 from storage.keys import checkpoint_prefix, file_key, job_prefix, report_key, upload_key
+from tests.faults.orphans import physical
 from tests.fixtures.rows import add_file
 from tests.worker.conftest import PREFERENCE, wait_for
 from worker.sweeper import kind_of, sweep
@@ -34,27 +35,6 @@ KiB = 1024
 @pytest.fixture(params=["local", "s3"])
 def store(request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue(f"{request.param}_store")
-
-
-def physical(store: Any) -> dict[str, int]:
-    """Everything the backend holds, key -> bytes: temporary files, and for S3 unfinished
-    multipart uploads too (as "KEY#upload", the bytes of their parts)."""
-    if isinstance(store, LocalStore):
-        out = {}
-        for dirpath, _, files in os.walk(store.root):
-            for name in files:
-                path = Path(dirpath) / name
-                out[path.relative_to(store.root).as_posix()] = path.stat().st_size
-        return out
-    assert isinstance(store, S3Store)
-    client, bucket = store._client, store.bucket
-    out = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        out.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
-    for up in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
-        parts = client.list_parts(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
-        out[up["Key"] + "#upload"] = sum(p["Size"] for p in parts.get("Parts", []))
-    return out
 
 
 def leave_temp(store: Any, size: int) -> list[str]:
