@@ -15,6 +15,7 @@ from typing import Any
 from storage.base import (
     COMPLETE_MARKER,
     IncompleteCheckpointError,
+    ObjectInfo,
     ObjectNotFound,
     ObjectStore,
     StorageError,
@@ -27,6 +28,7 @@ __all__ = [
     "COMPLETE_MARKER",
     "IncompleteCheckpointError",
     "LocalStore",
+    "ObjectInfo",
     "ObjectNotFound",
     "ObjectStore",
     "S3Store",

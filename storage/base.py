@@ -12,7 +12,9 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -42,6 +44,21 @@ class IncompleteCheckpointError(StorageError):
     """A checkpoint prefix has no `_COMPLETE` marker: it is torn (a writer died) or absent."""
 
 
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object as a listing sees it: what a sweep needs to judge it.
+
+    `key` is the object's key, or for a temporary object (`scan_temp`) its name under the
+    store's reserved temporary area. `modified` is Unix time: the last write, or for an
+    unfinished S3 multipart upload (`upload_id` set) when it began; `size` is then the bytes
+    of the parts uploaded so far."""
+
+    key: str
+    size: int
+    modified: float
+    upload_id: str | None = None
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """What the service needs from object storage. Keys are '/'-separated and checked by
@@ -63,6 +80,12 @@ class ObjectStore(Protocol):
     def presigned_url(self, key: str, expires: int = 3600) -> str | None: ...
     def upload_dir(self, prefix: str, local_dir: Path) -> builtins.list[str]: ...
     def download_dir(self, prefix: str, local_dir: Path) -> None: ...
+    def scan(self, prefix: str = "") -> builtins.list[ObjectInfo]: ...
+    def scan_temp(self) -> builtins.list[ObjectInfo]: ...
+    def delete_temp(self, obj: ObjectInfo) -> None: ...
+    def purge_temp(
+        self, older_than_s: float, *, now: float | None = None
+    ) -> builtins.list[ObjectInfo]: ...
 
 
 def _dir_prefix(prefix: str) -> str:
@@ -110,7 +133,30 @@ class StoreBase:
     def delete_prefix(self, prefix: str) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def scan(self, prefix: str = "") -> list[ObjectInfo]:  # pragma: no cover - abstract
+        """Every object under `prefix` with its size and age (temporary objects excluded)."""
+        raise NotImplementedError
+
+    def scan_temp(self) -> list[ObjectInfo]:  # pragma: no cover - abstract
+        """The temporary objects of writes in flight, or of writers that died."""
+        raise NotImplementedError
+
+    def delete_temp(self, obj: ObjectInfo) -> None:  # pragma: no cover - abstract
+        """Remove one temporary object of `scan_temp` (gone already is fine)."""
+        raise NotImplementedError
+
     # --- shared ------------------------------------------------------------------------------
+    def purge_temp(self, older_than_s: float, *, now: float | None = None) -> list[ObjectInfo]:
+        """Delete the temporary objects last written more than `older_than_s` seconds ago and
+        return them: those of crashed writers. A write in progress renews its temporary
+        object's time with every block (local) or part (S3 multipart) it writes, so
+        `older_than_s` must exceed the longest pause between two of them."""
+        cutoff = (time.time() if now is None else now) - older_than_s
+        old = [obj for obj in self.scan_temp() if obj.modified < cutoff]
+        for obj in old:
+            self.delete_temp(obj)
+        return old
+
     def get_bytes(self, key: str) -> bytes:
         """The whole object in memory (small objects: manifests, reports)."""
         return b"".join(self.get_stream(key))

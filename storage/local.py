@@ -8,13 +8,14 @@ the old object or the whole new one.
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from storage.base import ObjectNotFound, StorageError, StoreBase
+from storage.base import ObjectInfo, ObjectNotFound, StorageError, StoreBase
 from storage.keys import check_key
 
 _COPY_BUFFER = 1 << 20
@@ -180,6 +181,34 @@ class LocalStore(StoreBase):
                     keys.append(key)
         keys.sort()
         return keys
+
+    def scan(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        """`list(prefix)` with each object's size and modification time (an object deleted
+        meanwhile is left out)."""
+        return [info for key in self.list(prefix) if (info := self._info(key, self.root / key))]
+
+    def scan_temp(self) -> builtins.list[ObjectInfo]:
+        """The files under `.tmp/`: writes in flight, and those of processes that died."""
+        if not self._tmp.is_dir():
+            return []
+        tmp = self._tmp
+        found = (self._info(f"{self.TMP_DIR}/{p.name}", p) for p in sorted(tmp.iterdir()))
+        return [info for info in found if info is not None]
+
+    def delete_temp(self, obj: ObjectInfo) -> None:
+        """Remove a file of `scan_temp` (key ".tmp/NAME"; nothing else is accepted)."""
+        head, _, name = obj.key.partition("/")
+        if head != self.TMP_DIR or name in ("", ".", "..") or "/" in name or "\\" in name:
+            raise ValueError(f"not a temporary object: {obj.key!r}")
+        (self._tmp / name).unlink(missing_ok=True)
+
+    @staticmethod
+    def _info(key: str, path: Path) -> ObjectInfo | None:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key, st.st_size, st.st_mtime)
 
     # --- deletes and moves --------------------------------------------------------------------
     def delete(self, key: str) -> None:

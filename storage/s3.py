@@ -34,7 +34,13 @@ import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from storage.base import ObjectNotFound, StorageError, StorageUnavailableError, StoreBase
+from storage.base import (
+    ObjectInfo,
+    ObjectNotFound,
+    StorageError,
+    StorageUnavailableError,
+    StoreBase,
+)
 from storage.keys import check_key
 from storage.s3_client import (
     NOT_FOUND_CODES,
@@ -452,23 +458,81 @@ class S3Store(StoreBase):
             )
         )
 
-    # --- maintenance --------------------------------------------------------------------------
-    def purge_temp(self, older_than_s: float = 24 * 3600) -> int:
-        """Delete temporary objects left by crashed writers; return how many. (Incomplete
-        multipart uploads are best expired by a bucket lifecycle rule.)"""
+    # --- listings for the sweeper (worker.sweeper) --------------------------------------------
+    def scan(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        """`list(prefix)` with each object's size and last-modified time."""
+        full = self._k(prefix, prefix=True)
+        n = len(self.prefix)
         tmp_root = f"{self.prefix}{self.TMP_DIR}/"
-        cutoff = time.time() - older_than_s
+        objs = self._list_info(full, prefix)
+        return sorted(
+            (ObjectInfo(o["Key"][n:], int(o["Size"]), o["LastModified"].timestamp())
+             for o in objs if not o["Key"].startswith(tmp_root)),
+            key=lambda o: o.key,
+        )  # fmt: skip
 
-        def run() -> list[str]:
-            old: list[str] = []
-            for page in self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=tmp_root
-            ):
-                for obj in page.get("Contents", []):
-                    if obj["LastModified"].timestamp() < cutoff:
-                        old.append(obj["Key"])
-            return old
+    def scan_temp(self) -> builtins.list[ObjectInfo]:
+        """The temporary objects under `.tmp/`, and every unfinished multipart upload under
+        the store's prefix (a writer killed mid-upload, or mid multipart copy): their parts
+        take space but are no object, so no listing of objects shows them. An upload's time
+        is that of its newest part (of its start if it has none yet)."""
+        tmp_root = f"{self.prefix}{self.TMP_DIR}/"
+        n = len(self.prefix)
+        found = [
+            ObjectInfo(o["Key"][n:], int(o["Size"]), o["LastModified"].timestamp())
+            for o in self._list_info(tmp_root, tmp_root)
+        ]
+        return found + self._call("list_multipart_uploads", self.prefix, self._scan_uploads)
 
-        old = self._call("list", tmp_root, run)
-        self._delete_many(old, tmp_root)
-        return len(old)
+    def _list_info(self, full_prefix: str, what: str) -> builtins.list[dict[str, Any]]:
+        def run() -> builtins.list[dict[str, Any]]:
+            out: builtins.list[dict[str, Any]] = []
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full_prefix
+            )
+            for page in pages:
+                out.extend(page.get("Contents", []))
+            return out
+
+        return self._call("list", what, run)
+
+    def _scan_uploads(self) -> builtins.list[ObjectInfo]:
+        n = len(self.prefix)
+        out: builtins.list[ObjectInfo] = []
+        pages = self._client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=self.prefix
+        )
+        for page in pages:
+            for up in page.get("Uploads", []):
+                size, modified = 0, up["Initiated"].timestamp()
+                for part_page in self._client.get_paginator("list_parts").paginate(
+                    Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                ):
+                    for part in part_page.get("Parts", []):
+                        size += int(part["Size"])
+                        modified = max(modified, part["LastModified"].timestamp())
+                out.append(ObjectInfo(up["Key"][n:], size, modified, up["UploadId"]))
+        return out
+
+    def delete_temp(self, obj: ObjectInfo) -> None:
+        """Abort an unfinished multipart upload, or delete a temporary object of `.tmp/`."""
+        full_key = self.prefix + obj.key
+        if obj.upload_id is not None:
+            uid = obj.upload_id
+            try:
+                self._call(
+                    "abort_multipart_upload",
+                    obj.key,
+                    lambda: self._client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=full_key, UploadId=uid
+                    ),
+                )
+            except StorageError as exc:
+                code, _ = client_error_code(root_cause(exc.__cause__ or exc))
+                if code != "NoSuchUpload" and not isinstance(exc, ObjectNotFound):
+                    raise  # (an upload finished or aborted meanwhile is fine)
+            return
+        head, _, name = obj.key.partition("/")
+        if head != self.TMP_DIR or not name:
+            raise ValueError(f"not a temporary object: {obj.key!r}")
+        self._delete_raw(full_key, obj.key)

@@ -4,7 +4,12 @@
 
 Settings (environment, see worker.config.WorkerSettings): BROKER_URL (redis:// or amqp://),
 DATABASE_URL, STORAGE_URL (+ S3_*/AWS_*), LEASE_SECONDS, HEARTBEAT_SECONDS, REAPER_SECONDS,
-STALE_QUEUED_SECONDS, WORKER_DIR, WORKER_GPUS, WORKER_CPU_MODELS.
+STALE_QUEUED_SECONDS, WORKER_DIR, WORKER_GPUS, WORKER_CPU_MODELS, SWEEP_SECONDS,
+SWEEP_GRACE_SECONDS.
+
+The storage sweep (worker.sweeper) runs from Celery beat, one process per deployment:
+
+    celery -A worker.celery_app beat          # sends worker.tasks.sweep_storage every SWEEP_SECONDS
 
 Queues:
   * `cpu`, `gpu`: where jobs run; worker.routing.queue_for decides per job (metadata `gpus`,
@@ -68,6 +73,18 @@ app.conf.update(
     worker_send_task_events=False,
     task_send_sent_event=False,
 )
+
+
+SWEEP_STORAGE = "worker.tasks.sweep_storage"
+if settings.SWEEP_SECONDS > 0:
+    app.conf.beat_schedule = {
+        "sweep-storage": {
+            "task": SWEEP_STORAGE,
+            "schedule": settings.SWEEP_SECONDS,
+            # a sweep nobody took before the next one is due is not worth running
+            "options": {"queue": INGRESS_QUEUE, "expires": settings.SWEEP_SECONDS},
+        }
+    }
 
 
 def job_queue(sessions, job_id: str) -> str | None:

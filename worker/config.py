@@ -40,6 +40,19 @@ class WorkerSettings(Settings):
     REAPER_SECONDS: float = Field(
         15.0, gt=0, description="Period of the reaper sweep in every worker process."
     )
+    SWEEP_SECONDS: float = Field(
+        600.0,
+        ge=0,
+        description="Period of the storage sweep (worker.sweeper: temporary objects, files "
+        "without a row, outputs of finished jobs no row references): a thread of the "
+        "embedded worker, the Celery beat entry `sweep-storage`. 0: never.",
+    )
+    SWEEP_GRACE_SECONDS: float = Field(
+        3600.0,
+        ge=60,
+        description="The sweep removes only orphans last written longer ago than this: a "
+        "write in flight (an upload trickling in, a checkpoint being uploaded) is younger.",
+    )
     STALE_QUEUED_SECONDS: float = Field(
         600.0,
         gt=0,

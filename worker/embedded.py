@@ -1,5 +1,6 @@
 """The embedded worker (BROKER_URL=memory://): jobs run in a background thread of the API
-process, with the same Runner as the Celery workers, plus the reaper. No broker, no
+process, with the same Runner as the Celery workers, plus the reaper and the storage sweeper
+(worker.sweeper, every SWEEP_SECONDS). No broker, no
 external services: SQLite and a local object store are enough.
 
     handle = worker.embedded.start(settings)   # api.cli serve does this
@@ -27,6 +28,7 @@ from storage import open_store
 from worker.config import WorkerSettings, as_worker_settings
 from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations
 from worker.runner import Runner
+from worker.sweeper import StoreSweeper
 
 log = logging.getLogger("humanline.worker.embedded")
 
@@ -62,6 +64,11 @@ class EmbeddedWorker:
         self.thread = threading.Thread(target=self._loop, name="humanline-embedded", daemon=True)
         self._first_sweep = True
         self.reaper = ReaperThread(self._sweep, settings.REAPER_SECONDS)
+        self.sweeper: ReaperThread | None = None
+        if settings.SWEEP_SECONDS > 0:
+            sweep = StoreSweeper(self.sessions, self.store, settings.SWEEP_GRACE_SECONDS)
+            self.sweeper = ReaperThread(sweep, settings.SWEEP_SECONDS)
+            self.sweeper.name = "humanline-sweeper"
 
     def _sweep(self) -> list[str]:
         # First sweep: everything queued is ours to (re)start; later ones only the stale.
@@ -96,12 +103,16 @@ class EmbeddedWorker:
     def start(self) -> EmbeddedWorker:
         self.thread.start()
         self.reaper.start()
+        if self.sweeper is not None:
+            self.sweeper.start()
         return self
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop taking jobs; a running job checkpoints at its next step and is released."""
         self._stopping.set()
         self.reaper.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         _jobs.put(None)  # wakes the loop if it is idle
         self.thread.join(timeout)
 

@@ -18,6 +18,7 @@ from storage import open_store
 from worker.celery_app import (
     RUN_EVALUATION,
     RUN_JOB,
+    SWEEP_STORAGE,
     app,
     evaluation_queue,
     job_queue,
@@ -27,8 +28,9 @@ from worker.celery_app import (
     sweep,
 )
 from worker.runner import Runner
+from worker.sweeper import sweep as sweep_store
 
-__all__ = ["app", "reap", "run_evaluation", "run_job"]
+__all__ = ["app", "reap", "run_evaluation", "run_job", "sweep_storage"]
 
 log = logging.getLogger("humanline.worker")
 
@@ -98,3 +100,12 @@ def reap() -> list[str]:
     """The reaper sweep as a task, for a Celery beat schedule (the worker threads do the
     same without beat)."""
     return sweep(runner().sessions)
+
+
+@app.task(name=SWEEP_STORAGE)
+def sweep_storage() -> dict[str, Any]:
+    """One storage sweep (worker.sweeper), sent by Celery beat every SWEEP_SECONDS; returns
+    what it removed per kind."""
+    r = runner()
+    report = sweep_store(r.sessions, r.store, grace_seconds=settings.SWEEP_GRACE_SECONDS)
+    return report.as_dict()
