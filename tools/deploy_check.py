@@ -240,10 +240,23 @@ def _env_value(env, name: str) -> str | None:
     return None
 
 
+def _is_beat(args: list[str]) -> bool:
+    return "celery" in args and "beat" in args
+
+
+def _one_beat(where: str, replicas: list[int]) -> list[str]:
+    """The storage sweep is sent by Celery beat: none means nothing sweeps, two send it twice."""
+    if sum(replicas) != 1:
+        return [f"{where}: {sum(replicas)} Celery beat processes; run exactly one (the sweep)"]
+    return []
+
+
 def check_compose(root: Path = ROOT, text: str | None = None) -> list[str]:
     doc = yaml.safe_load((root / "docker-compose.yml").read_text() if text is None else text)
     problems: list[str] = []
     consumed: set[str] = set()
+    beats = [1 for svc in doc["services"].values() if _is_beat(svc.get("command") or [])]
+    problems += _one_beat("compose", beats)
     for name, svc in doc["services"].items():
         build = svc.get("build")
         if isinstance(build, dict):
@@ -286,6 +299,13 @@ def check_k8s(root: Path = ROOT, text: str | None = None) -> list[str]:
     images = built_images(root)
     problems: list[str] = []
     consumed: set[str] = set()
+    beats = [
+        int(d["spec"].get("replicas", 1))
+        for d in docs
+        for c in ((d.get("spec") or {}).get("template", {}).get("spec") or {}).get("containers", [])
+        if _is_beat(c.get("args") or c.get("command") or [])
+    ]
+    problems += _one_beat("k8s", beats)
     for doc in docs:
         pod = (doc.get("spec") or {}).get("template", {}).get("spec")
         if not pod:

@@ -129,6 +129,15 @@ def test_compose_checks_can_fail():
     )
     assert any("nobody consumes the cpu queue" in p for p in _compose(no_cpu_consumer))
 
+    def no_beat(s):
+        del s["beat"]
+
+    def two_beats(s):
+        s["beat2"] = s["beat"]
+
+    assert any("0 Celery beat processes" in p for p in _compose(no_beat))
+    assert any("2 Celery beat processes" in p for p in _compose(two_beats))
+
 
 def _k8s(mutate) -> list[str]:
     docs = [d for d in yaml.safe_load_all(text("deploy/k8s/humanline.yaml")) if d]
@@ -166,6 +175,15 @@ def test_k8s_checks_can_fail():
     assert any("nobody consumes the cpu queue" in p for p in _k8s(no_cpu_worker))
     assert any("with the CPU image" in p for p in _k8s(cpu_image_on_gpu))
     assert any("built by no Dockerfile line" in p for p in _k8s(unbuilt_image))
+
+    def no_beat(d):
+        d["humanline-beat"]["_keep"] = False
+
+    def two_beats(d):
+        d["humanline-beat"]["spec"]["replicas"] = 2
+
+    assert any("0 Celery beat processes" in p for p in _k8s(no_beat))
+    assert any("2 Celery beat processes" in p for p in _k8s(two_beats))
 
 
 def test_the_gpu_worker_requests_what_it_declares():
