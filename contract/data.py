@@ -121,19 +121,28 @@ def _text(value: Any, name: str) -> str:
     return value
 
 
+def _role(value: Any, name: str) -> str:
+    if value not in ROLES:
+        raise RecordError(name, f"must be one of {', '.join(ROLES)}")
+    return value
+
+
+def _message(msg: Any, where: str) -> dict[str, str]:
+    if not isinstance(msg, dict):
+        raise RecordError(where, "must be an object with 'role' and 'content'")
+    role, content = _each(
+        lambda: _role(msg.get("role"), f"{where}.role"),
+        lambda: _text(msg.get("content"), f"{where}.content"),
+    )
+    return {"role": role, "content": content}
+
+
 def _messages(value: Any, name: str) -> list[dict[str, str]]:
+    """Every message is checked: each bad role or content is its own error."""
     if not isinstance(value, list) or not value:
         raise RecordError(name, "must be a non-empty list of messages")
-    out = []
-    for i, msg in enumerate(value):
-        where = f"{name}[{i}]"
-        if not isinstance(msg, dict):
-            raise RecordError(where, "must be an object with 'role' and 'content'")
-        role = msg.get("role")
-        if role not in ROLES:
-            raise RecordError(f"{where}.role", f"must be one of {', '.join(ROLES)}")
-        out.append({"role": role, "content": _text(msg.get("content"), f"{where}.content")})
-    return out
+    checks = [lambda m=msg, i=i: _message(m, f"{name}[{i}]") for i, msg in enumerate(value)]
+    return _each(*checks)
 
 
 def _differ(chosen: Any, rejected: Any, name: str = "rejected") -> None:

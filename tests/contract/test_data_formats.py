@@ -4,7 +4,13 @@ import json
 
 import pytest
 
-from contract.data import JsonlValidator, iter_lines, MAX_LINE_BYTES, read_jsonl
+from contract.data import (
+    MAX_ERRORS_PER_LINE,
+    MAX_LINE_BYTES,
+    JsonlValidator,
+    iter_lines,
+    read_jsonl,
+)
 
 
 def validate(lines):
@@ -150,6 +156,19 @@ def test_every_error_of_a_line_is_reported_with_its_field():
     assert [e.field for e in report.errors] == [
         "input.messages", "preferred_output", "non_preferred_output[0].role",
     ]
+
+
+def test_every_bad_message_is_an_error_up_to_the_cap_per_line():
+    bad = [{"role": "bot", "content": ""}] * 3 + [{"role": "user", "content": "ok"}, "hi"]
+    report, _ = validate([{"prompt": bad, "chosen": "a", "rejected": "b"}])
+    assert [e.field for e in report.errors] == [
+        "prompt[0].role", "prompt[0].content", "prompt[1].role", "prompt[1].content",
+        "prompt[2].role", "prompt[2].content", "prompt[4]",
+    ]  # fmt: skip
+    many = [{"role": "bot", "content": "x"}] * (MAX_ERRORS_PER_LINE + 5)
+    report, _ = validate([{"prompt": many, "chosen": "a", "rejected": "b"}, {"prompt": many}])
+    assert [e.line for e in report.errors] == [1] * MAX_ERRORS_PER_LINE + [2] * MAX_ERRORS_PER_LINE
+    assert report.error_count == 2 * MAX_ERRORS_PER_LINE
 
 
 def test_unknown_columns_are_warnings_not_errors():
