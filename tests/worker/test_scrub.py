@@ -240,5 +240,6 @@ def test_a_real_trainers_checkpoint_and_model_name_no_server_path(local, api):
         if job_id in key and key.endswith((".json", ".md", ".txt")):
             texts[key] = local.store.get_bytes(key).decode()
     assert any(k.endswith("final/README.md") for k in texts), sorted(texts)
+    assert any(k.endswith("final/tokenizer_config.json") for k in texts), sorted(texts)
     for name, text in texts.items():
         assert _leaks(text, local, [os.getpid()]) == [], name
