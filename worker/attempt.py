@@ -351,5 +351,5 @@ def claim_and_run(
         log.info("%s %s: not claimable (finished or leased); skipping", kind, row_id)
         return None
     # The whole owner (host:pid:random) is for operators: events name only its random part.
-    log.info("%s %s: claimed by %s (attempt %d)", kind, row_id, worker_id, row.attempt)
+    log.info("%s %s: claimed (attempt %d) by %s", kind, row_id, row.attempt, worker_id)
     return start(row, worker_id).run()
