@@ -282,12 +282,13 @@ def claim(
         "from": row.status,
         "to": "running",
         "attempt": attempt,
-        "worker": worker_id,
+        "worker": leases.public_owner(worker_id),
     }
     message = f"{row.status} → running (attempt {attempt})"
     if row.status == "running":  # reclaimed
-        data["previous_worker"] = row.lease_owner
-        message = f"lease of {row.lease_owner} expired; reclaimed (attempt {attempt})"
+        previous = leases.public_owner(row.lease_owner)
+        data["previous_worker"] = previous
+        message = f"lease of worker {previous} expired; reclaimed (attempt {attempt})"
     _event(session, job_id, seq, "status", message, data)
     return session.get(Job, job_id, populate_existing=True)
 
@@ -356,7 +357,7 @@ def release(session: Session, job_id: str, worker_id: str, reason: str = "releas
         "queued",
         owner=worker_id,
         message=reason,
-        data={"reason": reason, "worker": worker_id},
+        data={"reason": reason, "worker": leases.public_owner(worker_id)},
     )
 
 
@@ -378,8 +379,9 @@ def reap_expired(
     expired = leases.expired_rows(session, Job, now, limit)
     still_expired = [Job.lease_expires_at < now]
     requeued: list[str] = []
-    for job_id, status, owner, attempt in expired:
-        data = {"worker": owner, "attempt": attempt}
+    for job_id, status, lease_owner, attempt in expired:
+        owner = f"worker {leases.public_owner(lease_owner)}"  # never its host and pid
+        data = {"worker": leases.public_owner(lease_owner), "attempt": attempt}
         if status == "cancelling":
             transition(
                 session,

@@ -60,6 +60,13 @@ def claim_values(table: Any, worker_id: str, lease_seconds: float, now: datetime
     }
 
 
+def public_owner(owner: str | None) -> str | None:
+    """A lease owner as a team-visible event names it: its last `:` part, the random part of
+    worker.config.new_worker_id, never the host name and pid before it (DESIGN.md §6). The
+    whole owner is in the lease column and the worker's log ("claimed (attempt N) by ...")."""
+    return None if owner is None else owner.rsplit(":", 1)[-1]
+
+
 def held_by(table: Any, worker_id: str) -> list[ColumnElement[bool]]:
     """The guard of every write a lease holder makes."""
     return [table.lease_owner == worker_id, table.status.in_(LEASED_STATUSES)]

@@ -163,7 +163,14 @@ class Settings(BaseSettings):
     PORT: int = 8000
     SSE_POLL_SECONDS: float = Field(1.0, gt=0, description="DB poll period of event streams.")
     SSE_KEEPALIVE_SECONDS: float = Field(15.0, gt=0)
-    PRESIGN_SECONDS: int = Field(3600, ge=1, description="Lifetime of checkpoint download URLs.")
+    PRESIGN_SECONDS: int = Field(
+        300,
+        ge=1,
+        le=7 * 24 * 3600,  # SigV4's limit
+        description="Lifetime of presigned checkpoint and model download URLs (S3). A link "
+        "handed out works this long whatever happens to the key that asked for it: it outlives "
+        "a revoked key by at most this much.",
+    )
     DB_POOL_SIZE: int = Field(
         12, ge=1, description="Database connections an API process keeps open. Under load all "
         "stay busy: connections beyond the pool (DB_MAX_OVERFLOW) are opened and closed per "

@@ -10,20 +10,58 @@ disk, so a directory named `step-N` is always complete (a crash leaves only a `.
 Weights and optimizer state come from the run's `Parallel` (trainer.distributed): under FSDP
 the weights are gathered for rank 0 to write in this same file, and each rank writes its own
 shard of the optimizer state as `optimizer-rank-R.pt` instead of `optimizer.pt`.
+
+Every `.pt` file is read with `load_state` (torch.load's weights_only=True): tensors, plain
+Python data and the few dataclasses of ours named in CHECKPOINT_TYPES (an online round's
+examples), nothing else. A checkpoint crosses machines through the store; a pickle that could
+run code on load is refused (UnsafeCheckpoint), never executed. The RNG states are saved as
+that plain data (numpy's generator state as a list, not an ndarray).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from trainer.online.rounds import Round
+from trainer.recipes.grpo import GRPOGroup
+from trainer.recipes.kto import Unpaired
+from trainer.tokenize import TokenSeq
+
+# The classes a checkpoint may hold besides tensors and plain data: an online round's
+# examples (OnlineData.state_dict). Anything else in a .pt file is refused.
+CHECKPOINT_TYPES: list[Any] = [Round, TokenSeq, GRPOGroup, Unpaired]
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file holds something other than tensors, plain data and CHECKPOINT_TYPES."""
+
+
+def load_state(path: Path) -> Any:
+    """torch.load(path) with weights_only=True and CHECKPOINT_TYPES allowed; raises
+    UnsafeCheckpoint for a file that would need more (a pickle that runs code on load)."""
+    try:
+        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's line naming what was refused ("... GLOBAL posix.system ..."), not its
+        # advice to load the file with weights_only=False
+        lines = str(exc).splitlines()
+        reason = next((ln.strip() for ln in lines if "global" in ln.lower()), "not allowed")
+        raise UnsafeCheckpoint(
+            f"checkpoint file {path.name} holds more than tensors and plain data; "
+            f"refusing to load it ({reason})"
+        ) from None
 
 
 @dataclass
@@ -52,17 +90,24 @@ def _rng_state() -> dict:
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state(),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
+def _numpy_state() -> tuple:
+    """numpy's legacy generator state as plain data (its keys as a list, not an ndarray)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    return name, np.asarray(keys).tolist(), pos, has_gauss, cached_gaussian
+
+
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -133,8 +178,8 @@ def load(
         )
     parallel.load_trainable_state(model, load_file(ckpt.path / "weights.safetensors"))
     parallel.load_optimizer(optimizer, ckpt.path)
-    scheduler.load_state_dict(torch.load(ckpt.path / "scheduler.pt", weights_only=False))
-    mine = torch.load(ckpt.path / f"rank-{accelerator.process_index}.pt", weights_only=False)
+    scheduler.load_state_dict(load_state(ckpt.path / "scheduler.pt"))
+    mine = load_state(ckpt.path / f"rank-{accelerator.process_index}.pt")
     reference.load_state_dict(mine["reference"])
     data.load_state_dict(mine["data"])
     _set_rng_state(mine["rng"])

@@ -39,6 +39,7 @@ from peft.utils import get_peft_model_state_dict
 from torch import Tensor, nn
 
 from contract.parallel import ParallelConfig
+from trainer.checkpoint import load_state
 from trainer.modeling import (
     load_trainable_state_dict,
     save_pretrained_weights,
@@ -95,7 +96,7 @@ class Replicated:
             torch.save(optimizer.state_dict(), directory / "optimizer.pt")
 
     def load_optimizer(self, optimizer, directory: Path) -> None:
-        optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+        optimizer.load_state_dict(load_state(directory / "optimizer.pt"))
 
     def frozen_copy(self, model: nn.Module) -> nn.Module:
         """A frozen copy of the (unwrapped) initial model, for the `none` reference."""
@@ -189,9 +190,7 @@ class Sharded(Replicated):
     def load_optimizer(self, optimizer, directory: Path) -> None:
         from torch.distributed.tensor import DTensor
 
-        state = torch.load(
-            directory / f"optimizer-rank-{self.acc.process_index}.pt", weights_only=False
-        )
+        state = load_state(directory / f"optimizer-rank-{self.acc.process_index}.pt")
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for i, s in state["state"].items():
             p = params[i]

@@ -44,6 +44,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from worker.config import WorkerSettings, new_worker_id
+from worker.scrub import Server, error_tail, scrub, this_server
 
 log = logging.getLogger("humanline.worker")
 
@@ -105,12 +106,14 @@ def kill_group(proc: subprocess.Popen | None) -> None:
     proc.wait()
 
 
-def stderr_tail(path: Path, limit: int) -> tuple[str, str]:
-    """(the last `limit` bytes of a child's stderr, progress bars and all; its last line)."""
+def stderr_tail(path: Path, limit: int, server: Server) -> tuple[str, str]:
+    """(the last lines of the last `limit` bytes of a child's stderr, scrubbed for a team to
+    read (worker.scrub.error_tail); its last line). The whole file stays in the attempt's
+    directory for operators."""
     try:
         with open(path, "rb") as fh:
             fh.seek(max(0, fh.seek(0, 2) - limit))
-            tail = fh.read().decode("utf-8", "replace")
+            tail = error_tail(fh.read().decode("utf-8", "replace"), server)
     except OSError:
         tail = ""
     lines = [ln.strip() for ln in re.split(r"[\r\n]+", tail) if ln.strip()]
@@ -249,6 +252,15 @@ class LeasedAttempt:
         """Best effort: a note of our own trouble (the DB may be the thing that failed)."""
         self.log.warning("%s", message)
 
+    def server(self) -> Server:
+        """What identifies this machine in the attempt's words (worker.scrub)."""
+        return this_server(self.dir, pids=[self.proc.pid if self.proc else None])
+
+    def public(self, value: Any) -> Any:
+        """`value` (an error, a message, an event's data) as a team may read it: without
+        this machine's paths, host name or pids. Every team-visible write passes here."""
+        return scrub(value, self.server())
+
     # ---- the whole attempt ----------------------------------------------------------------------
     def run(self) -> str:
         self.heartbeat.start()
@@ -270,7 +282,8 @@ class LeasedAttempt:
             return "lost"
         except Exception as exc:  # our machinery failed (store, DB): the reaper retries
             self.log.exception("attempt failed; it is retried after its lease expires")
-            self.warn(f"worker error, retrying after the lease expires: {exc}")
+            # Its type only: the text of a store's or database's error names their hosts.
+            self.warn(f"worker error ({type(exc).__name__}), retrying after the lease expires")
             return "abandoned"
         finally:
             kill_group(self.proc)
@@ -337,5 +350,6 @@ def claim_and_run(
     if row is None:
         log.info("%s %s: not claimable (finished or leased); skipping", kind, row_id)
         return None
-    log.info("%s %s: claimed (attempt %d)", kind, row_id, row.attempt)
+    # The whole owner (host:pid:random) is for operators: events name only its random part.
+    log.info("%s %s: claimed (attempt %d) by %s", kind, row_id, row.attempt, worker_id)
     return start(row, worker_id).run()

@@ -4,7 +4,9 @@
 
     claim      models.evaluations.claim: the lease of models.leases, as a job's.
     prepare    download the eval file and the model (a checkpoint's `step-N/` or the job's
-               exported `final/`; a base model needs nothing), write the config; the launch is
+               exported `final/`; a base model needs nothing), write the config (its paths
+               relative to the child's working directory, the attempt's: the result the team
+               downloads names no server path); the launch is
                `python -m trainer.evaluation run --config ... --out ...`. A child process
                because an evaluation loads a model (its memory is returned when it exits, and
                an OOM kills the child, not the worker), may run for hours (a hard kill at
@@ -75,7 +77,8 @@ STDERR_TAIL_BYTES = 4000
 def _prepare(
     s: Session, row: Evaluation, store: ObjectStore, settings: WorkerSettings, work: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config for trainer.evaluation.run, the evaluation header). Downloads what it needs."""
+    """(config for trainer.evaluation.run, the evaluation header). Downloads what it needs
+    into `work`, the child's working directory, and names it relative to that."""
     cfg_in = dict(row.config or {})
     file = s.get(File, row.file_id) if row.file_id else None
     if file is None or file.team_id != row.team_id:
@@ -108,7 +111,7 @@ def _prepare(
                 raise AttemptFailed(
                     f"checkpoint step {ckpt.step} is unusable: {exc}", "missing_model"
                 ) from None
-            source = {"type": "checkpoint", "path": str(dest)}
+            source = {"type": "checkpoint", "path": dest.name}
         else:
             final = ((job.result or {}).get("final_model") or {}).get("prefix")
             if not final:
@@ -124,11 +127,11 @@ def _prepare(
                 raise AttemptFailed(
                     f"the final model of job {job.id} is unusable: {exc}", "missing_model"
                 ) from None
-            source = {"type": "dir", "path": str(dest), "base_model": job.base_model}
+            source = {"type": "dir", "path": dest.name, "base_model": job.base_model}
 
     config: dict[str, Any] = {
         "kind": row.kind,
-        "data": str(data),
+        "data": data.name,
         "model": source,
         "generation": cfg_in.get("generation") or {},
         "engine": settings.EVAL_SAMPLING_ENGINE,
@@ -274,7 +277,7 @@ class EvaluationAttempt(LeasedAttempt):
                 exit_code=rc,
             )
         except (OSError, ValueError):
-            tail, last = stderr_tail(self.dir / "stderr.log", STDERR_TAIL_BYTES)
+            tail, last = stderr_tail(self.dir / "stderr.log", STDERR_TAIL_BYTES, self.server())
             what = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
             return AttemptFailed(
                 f"the evaluation process {what}: {last}"[:2000],
@@ -287,6 +290,7 @@ class EvaluationAttempt(LeasedAttempt):
         return self.finish("failed", error=error)
 
     def finish(self, status: str, *, error=None, result=None) -> str:
+        error = self.public(error)
         self.end(
             lambda s: eval_states.finish(
                 s, self.row_id, self.worker_id, status, error=error, result=result

@@ -116,12 +116,13 @@ class RunProgress:
                     if isinstance(step, int) and earlier <= step:
                         self._record_checkpoint(s, earlier)
                 continue
-            data.pop("path", None)  # local paths mean nothing outside this machine
+            data = self.a.public(data)  # no local path, host name or pid (worker.scrub)
             data["attempt"] = self.a.number
             if kind not in COPIED_EVENT_KINDS:
                 data["trainer_kind"] = kind
                 kind = "log"
-            job_states.add_event(s, job_id, str(kind), str(e.get("message", ""))[:2000], data)
+            message = self.a.public(str(e.get("message", ""))[:2000])
+            job_states.add_event(s, job_id, str(kind), message, data)
         for step in sorted(set(self.uploaded) - self.recorded):
             self._record_checkpoint(s, step)
         if quality:

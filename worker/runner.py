@@ -1,6 +1,8 @@
 """Training: one attempt at one job, on the life cycle of worker.attempt.
 
-    prepare    download the training file, write the spec with its local path, download the
+    prepare    download the training file (named by its id, in the attempt's directory: the
+               trainer's working directory, so the spec names it as the team did and the
+               spec.json of every checkpoint holds no server path), write the spec, download the
                newest complete checkpoint into RUN_DIR/checkpoints/step-N (→ --resume), place
                the processes (`placement`, worker.routing) and build the launch (`launch`:
                worker.routing.trainer_command / trainer_env): `python -m trainer run`, or
@@ -64,6 +66,7 @@ from worker.gpus import place_attempt
 from worker.job_evaluations import create_job_evaluations
 from worker.progress import UPLOAD_ATTEMPTS, RunProgress
 from worker.routing import Placement, PlacementError, queue_for, trainer_command, trainer_env
+from worker.scrub import Server, this_server
 
 log = logging.getLogger("humanline.worker")
 
@@ -71,10 +74,11 @@ CLAIM_TRIES = 8  # a claim that keeps meeting other workers' team locks, then gi
 JobFailed = AttemptFailed  # a failure of the job itself: bad data, bad spec, a trainer crash
 
 
-def stderr_error(path: Path, rc: int, limit: int) -> dict[str, Any]:
-    """job.error for a trainer that exited with `rc`: the exception line as the message
-    and the tail of stderr (progress bars and all) as details."""
-    tail, last = stderr_tail(path, limit)
+def stderr_error(path: Path, rc: int, limit: int, server: Server | None = None) -> dict[str, Any]:
+    """job.error for a trainer that exited with `rc`: the exception line as the message and
+    the last lines of stderr as details, scrubbed (`server`: by default this machine seen
+    from the attempt's directory, where stderr.log is)."""
+    tail, last = stderr_tail(path, limit, server or this_server(path.parent))
     if rc < 0:
         message = f"the trainer was killed by signal {-rc}"
     else:
@@ -136,16 +140,17 @@ class Attempt(LeasedAttempt):
 
     def warn(self, message: str) -> None:
         try:
-            self.fenced(lambda s: job_states.add_event(s, self.job_id, "warning", message[:2000]))
+            text = self.public(message[:2000])
+            self.fenced(lambda s: job_states.add_event(s, self.job_id, "warning", text))
         except Exception:  # best effort: the DB may be the thing that failed
             log.debug("could not record a warning", exc_info=True)
 
     # ---- prepare ----------------------------------------------------------------------------
     def prepare(self) -> Launch:
         self.run_dir.mkdir(parents=True)
-        data = self.dir / "train.jsonl"
-        self._download_training_file(data)
-        spec = {**self.spec, "training_file": str(data)}
+        name = str(self.training_file_id)  # an id of ours ("file-<hex>"): a plain file name
+        self._download_training_file(self.dir / name)
+        spec = {**self.spec, "training_file": name}  # relative to the trainer's cwd, self.dir
         (self.dir / "spec.json").write_text(json.dumps(spec, indent=2))
         world = self._download_checkpoint()
         try:
@@ -267,7 +272,9 @@ class Attempt(LeasedAttempt):
             return self.finish("succeeded", result=base)
         if self.stop_reason is not None and (rc == EXIT_STOPPED or self.killed):
             return self.stopped(self.stop_reason, base)
-        error = stderr_error(self.dir / "stderr.log", rc, self.settings.STDERR_TAIL_BYTES)
+        error = stderr_error(
+            self.dir / "stderr.log", rc, self.settings.STDERR_TAIL_BYTES, self.server()
+        )
         if rc == EXIT_INVALID_SPEC:
             error["type"] = "invalid_spec"
         elif rc == EXIT_STOPPED:
@@ -305,6 +312,7 @@ class Attempt(LeasedAttempt):
         return self.finish("failed", error=error, message=str(error.get("message", ""))[:2000])
 
     def finish(self, status: str, *, error=None, result=None, message=None, event=None) -> str:
+        error, message, event = self.public(error), self.public(message), self.public(event)
         evaluations: list[str] = []
         wake: list[str] = []
 

@@ -167,7 +167,9 @@ def test_a_jobs_final_model_and_checkpoint_are_downloaded_and_evaluated(world, t
         work.mkdir()
         with world.sessions() as s:
             config, header = _prepare(s, s.get(Evaluation, eid), world.store, world.settings, work)
-        assert config["model"]["type"] == kind and (Path(config["model"]["path"]) / files).is_file()
+        # named relative to `work`, the child's working directory: no server path in a report
+        assert config["model"]["type"] == kind
+        assert (work / config["model"]["path"] / files).is_file()
         assert header["job_id"] == job_id and header["step"] == (
             2 if kind == "checkpoint" else None
         )
