@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy._core.multiarray import _reconstruct as np_reconstruct
 from safetensors.torch import load_file, save_file
 
 from trainer.online.rounds import Round
@@ -39,8 +40,13 @@ from trainer.recipes.kto import Unpaired
 from trainer.tokenize import TokenSeq
 
 # The classes a checkpoint may hold besides tensors and plain data: an online round's
-# examples (OnlineData.state_dict). Anything else in a .pt file is refused.
-CHECKPOINT_TYPES: list[Any] = [Round, TokenSeq, GRPOGroup, Unpaired]
+# examples (OnlineData.state_dict), and numpy arrays, which rank files written before numpy's
+# RNG state was saved as a list hold (rebuilding an array runs no code; torch's documented
+# allowlist for them). Anything else in a .pt file is refused.
+CHECKPOINT_TYPES: list[Any] = [
+    Round, TokenSeq, GRPOGroup, Unpaired, np.ndarray, np.dtype, np.dtypes.UInt32DType,
+    np_reconstruct,
+]  # fmt: skip
 
 
 class UnsafeCheckpoint(ValueError):

@@ -42,6 +42,17 @@ def test_plain_data_and_the_allowed_classes_load(tmp_path):
     assert torch.equal(loaded["rng"]["torch"], state["rng"]["torch"])
 
 
+def test_numpy_rng_states_of_older_checkpoints_still_load(tmp_path):
+    """Rank files written before numpy's RNG state became a list hold it as an array: jobs
+    checkpointed before the upgrade must still resume."""
+    import numpy as np
+
+    state = np.random.get_state()
+    torch.save({"numpy": state}, tmp_path / "rank-0.pt")
+    loaded = load_state(tmp_path / "rank-0.pt")["numpy"]
+    assert loaded[0] == state[0] and (loaded[1] == state[1]).all() and loaded[2:] == state[2:]
+
+
 def test_a_pickle_that_runs_code_is_refused_and_never_run(tmp_path):
     marker = tmp_path / "ran"
     torch.save({"reference": {}, "data": {}, "x": Payload(marker)}, tmp_path / "rank-0.pt")
