@@ -168,13 +168,23 @@ class Stack:
         return self.get(f"/v1/jobs/{job_id}")
 
     def wait_done(self, job_id: str, timeout: float, logs=lambda: "") -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """The job once terminal. Fails when it made no progress (status or step) for
+        `timeout` seconds, or after 4 × `timeout` in all: a job that still trains on a slow,
+        shared machine is not a stuck one."""
+        start = last_change = time.monotonic()
+        seen = None
+        while time.monotonic() - last_change < timeout and time.monotonic() - start < 4 * timeout:
             job = self.job(job_id)
             if job["status"] in TERMINAL:
                 return job
+            if (job["status"], job["current_step"]) != seen:
+                seen, last_change = (job["status"], job["current_step"]), time.monotonic()
             time.sleep(0.2)
-        raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s\n{logs()}")
+        now = time.monotonic()
+        raise AssertionError(
+            f"job {job_id} still {job['status']} at step {job['current_step']}: no progress for "
+            f"{now - last_change:.0f}s ({now - start:.0f}s in all)\n{logs()}"
+        )
 
     def send(self, job_id: str, queue: str) -> None:
         """run_job(job_id) straight onto `queue`, as a second delivery would. (Celery is
