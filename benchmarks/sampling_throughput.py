@@ -106,6 +106,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n", type=int, default=None, help="completions per prompt (G)")
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+    parser.add_argument(
+        "--vllm-dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="vLLM's dtype when it differs from HF's (an online job's precision: bf16)",
+    )
     parser.add_argument("--hf-rows", type=int, default=64, help="HF rows decoded together")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM KV cache on CPU")
     parser.add_argument(
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu_threads": torch.get_num_threads(),
         "load_avg_1m_before": round(load, 2) if load is not None else None,
         "dtype": dtype,
+        "vllm_dtype": args.vllm_dtype or dtype,
         "prompts": n_prompts,
         "n": n,
         "max_new_tokens": max_new,
@@ -149,7 +156,15 @@ def main(argv: list[str] | None = None) -> dict:
     result["vllm"] = (
         None
         if reason
-        else run_vllm(model_dir, tokenizer, prompts, params, dtype, args.kv_cache_gib, eager)
+        else run_vllm(
+            model_dir,
+            tokenizer,
+            prompts,
+            params,
+            args.vllm_dtype or dtype,
+            args.kv_cache_gib,
+            eager,
+        )
     )
     result["vllm_skipped"] = reason
     hf_tps = result["hf"]["tokens_per_s"]
