@@ -128,6 +128,23 @@ def local(worker_settings: WorkerSettings) -> Local:
     return Local(sessions, open_store(worker_settings.STORAGE_URL), worker_settings, team_id)
 
 
+@pytest.fixture
+def api(local: Local) -> Any:
+    """A TestClient of the API over `local`'s database, with a key of its team; the
+    embedded worker a test started through it is stopped at the end."""
+    from api.main import create_app
+    from worker import embedded
+
+    with local.sessions() as s:
+        _, secret = create_api_key(s, local.team_id)
+        s.commit()
+    client = TestClient(create_app(local.settings, session_factory=local.sessions))
+    client.headers["Authorization"] = f"Bearer {secret}"
+    yield client
+    embedded.stop()
+    client.close()
+
+
 # --- the full stack: API, PostgreSQL, Redis, S3, Celery worker processes -------------------------
 
 

@@ -3,25 +3,8 @@ process; SQLite and a local store, nothing else."""
 
 from __future__ import annotations
 
-import pytest
-from fastapi.testclient import TestClient
-
-from api.main import create_app
-from models.teams import create_api_key
 from tests.worker.conftest import PREFERENCE, TINY, checkpoint_steps, metric_steps, wait_for
 from worker import embedded
-
-
-@pytest.fixture
-def api(local):
-    with local.sessions() as s:
-        _, secret = create_api_key(s, local.team_id)
-        s.commit()
-    client = TestClient(create_app(local.settings, session_factory=local.sessions))
-    client.headers["Authorization"] = f"Bearer {secret}"
-    yield client
-    embedded.stop()
-    client.close()
 
 
 def test_embedded_worker_runs_stops_and_resumes_a_job(local, api):

@@ -12,11 +12,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
-from api.main import create_app
 from models.leases import public_owner
-from models.teams import create_api_key
 from worker.runner import Runner
 from worker.scrub import TAIL_BYTES, Server, error_tail, scrub, scrub_text, this_server
 
@@ -148,17 +145,6 @@ printf '"data": {"step": 1, "path": "%s"}}\\n' "$run/checkpoints/step-1" >> "$ru
 } >&2
 exit 1
 """
-
-
-@pytest.fixture
-def api(local):
-    with local.sessions() as s:
-        _, secret = create_api_key(s, local.team_id)
-        s.commit()
-    client = TestClient(create_app(local.settings, session_factory=local.sessions))
-    client.headers["Authorization"] = f"Bearer {secret}"
-    yield client
-    client.close()
 
 
 def _leaks(text: str, local, pids: list[int]) -> list[str]:
