@@ -54,16 +54,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import api_load  # noqa: E402 - after the path setup
+import apiserver  # noqa: E402 - after the path setup
 import httpx  # noqa: E402
-from api_load import (  # noqa: E402
-    RawHttpClient,
-    create_database,
-    drop_database,
-    free_port,
-    percentile,
-    start_server,
-)
+from api_load import RawHttpClient  # noqa: E402
+from apiserver import create_database, drop_database, free_port, start_server  # noqa: E402
+from openloop import percentile  # noqa: E402
 from slow_clients_attack import (  # noqa: E402
     CONTENT,
     SLOW_UPLOADS,
@@ -372,7 +367,7 @@ def main() -> None:
             "PYTHONPATH": str(args.server_repo),
         }
         port = free_port()
-        api_load.REPO = args.server_repo.resolve()  # start_server's working directory
+        apiserver.REPO = args.server_repo.resolve()  # start_server's working directory
         proc = start_server(env, port, 1, tmp / "server.log")
         base_url = f"http://127.0.0.1:{port}"
         seed_jobs(base_url, teams["B"][1], 20)

@@ -14,7 +14,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from api_load import percentile
+from openloop import percentile
 
 SLOW_UPLOADS = 200
 STREAM_ATTEMPTS = 2000

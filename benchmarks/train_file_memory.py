@@ -64,7 +64,10 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=64.0, help="training file size, MB")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--keep", type=Path, default=None, help="reuse/keep the file here")
+    ap.add_argument("--quick", action="store_true", help="an 8 MB file, 1 step (< 60 s)")
     args = ap.parse_args()
+    if args.quick:
+        args.mb, args.steps = 8.0, 1
 
     with tempfile.TemporaryDirectory(prefix="hl-mem-") as tmp:
         data = args.keep or Path(tmp) / "train.jsonl"
