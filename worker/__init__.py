@@ -13,7 +13,8 @@ heartbeat, fence, kill with the parent), runner (training's prepare and conclude
 job_evaluations (evaluations a spec names, created when its job succeeds), config
 (WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
 gpus (WORKER_GPUS and the placement check), tail (JSONL files as they grow), reaper
-(expired leases and lost messages), celery_app + tasks (Celery), embedded
+(expired leases and lost messages), sweeper (orphaned temp files and objects), scrub (no
+server path, hostname or pid in what a team reads), celery_app + tasks (Celery), embedded
 (BROKER_URL=memory://: a thread in the API process). No torch is imported here: training
 and evaluation always run in a subprocess.
 """

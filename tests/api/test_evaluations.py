@@ -307,7 +307,8 @@ def test_concurrent_creates_respect_the_evaluation_limit(
     client, team_a, math_file, eval_queue, settings, db_sessions
 ):
     """Issue 14 #7: the check was count-then-insert, so 30 concurrent creates made 12 under a
-    limit of 10 (SQLite and PostgreSQL). Now insert, then count under the team's lock."""
+    limit of 10 (SQLite and PostgreSQL). Now insert, then count under the team's lock. The
+    issue's figure: 50 concurrent creates at a limit of 10 make exactly 10."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -316,7 +317,7 @@ def test_concurrent_creates_respect_the_evaluation_limit(
     from models.tables import Evaluation
 
     settings.MAX_EVALS_PER_TEAM = 10
-    n = 30
+    n = 50
     barrier = threading.Barrier(n)
 
     def create(_):
