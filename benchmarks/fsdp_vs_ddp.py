@@ -36,9 +36,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SMOLLM2_SHAPE = dict(
-    hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
-    rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=100000.0,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
 )
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
 
@@ -77,17 +85,30 @@ def make_data(model_dir: Path, path: Path, n: int = 32, tokens: int = 64) -> Pat
         return " ".join(words)
 
     prompt, answer = text(tokens), text(tokens - 2)
-    rows = [{"prompt": f"{i} {prompt}", "chosen": f"yes {answer}", "rejected": f"no {answer}"} for i in range(n)]
+    rows = [
+        {"prompt": f"{i} {prompt}", "chosen": f"yes {answer}", "rejected": f"no {answer}"}
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def spec_dict(model_dir: Path, data: Path, strategy: str, steps: int) -> dict:
+def spec_dict(model_dir: Path, data: Path, strategy: str, steps: int, reshard: bool = True) -> dict:
+    parallelism = {"strategy": strategy}
+    if strategy == "fsdp":
+        parallelism["reshard_after_forward"] = reshard
     return {
-        "base_model": str(model_dir), "training_file": str(data), "objective": "dpo",
-        "variant": "offline+humanline", "batch_size": 4, "max_steps": steps, "max_length": 256,
-        "max_prompt_length": 128, "quality_sample": 0, "optim": {"lr": 1e-5, "warmup_ratio": 0.0},
-        "parallelism": {"strategy": strategy},
+        "base_model": str(model_dir),
+        "training_file": str(data),
+        "objective": "dpo",
+        "variant": "offline+humanline",
+        "batch_size": 4,
+        "max_steps": steps,
+        "max_length": 256,
+        "max_prompt_length": 128,
+        "quality_sample": 0,
+        "optim": {"lr": 1e-5, "warmup_ratio": 0.0},
+        "parallelism": parallelism,
     }
 
 
@@ -108,22 +129,38 @@ def rank_main(spec_path: Path, out: Path) -> None:
     trainer.parallel.export(trainer.model, trainer.tokenizer, out / "final")
     trainer.accelerator.wait_for_everyone()
     rank = trainer.accelerator.process_index
-    (out / f"bench-rank-{rank}.json").write_text(json.dumps(
-        {"step_times": times, "rss_after_steps_mb": after_steps, "rss_peak_mb": peak_rss_mb()}))
+    (out / f"bench-rank-{rank}.json").write_text(
+        json.dumps(
+            {"step_times": times, "rss_after_steps_mb": after_steps, "rss_peak_mb": peak_rss_mb()}
+        )
+    )
     trainer.parallel.close()
 
 
-def run_job(root: Path, model_dir: Path, data: Path, strategy: str, steps: int, tag: str) -> dict:
+def run_job(
+    root: Path,
+    model_dir: Path,
+    data: Path,
+    strategy: str,
+    steps: int,
+    tag: str,
+    reshard: bool = True,
+) -> dict:
     from worker.launch import trainer_command
     from worker.routing import Placement, trainer_env
 
     out = root / f"{strategy}-{tag}"
     spec = root / f"{strategy}-{tag}.json"
-    spec.write_text(json.dumps(spec_dict(model_dir, data, strategy, steps)))
+    spec.write_text(json.dumps(spec_dict(model_dir, data, strategy, steps, reshard)))
     place = Placement(2, cpu=True)
     argv = trainer_command(sys.executable, spec, out, resume=False, place=place)
     # the worker's launcher, pointed at this file's rank entry point instead of `-m trainer run`
-    argv = argv[: argv.index("-m", 3)] + [str(Path(__file__).resolve()), "--rank", str(spec), str(out)]
+    argv = argv[: argv.index("-m", 3)] + [
+        str(Path(__file__).resolve()),
+        "--rank",
+        str(spec),
+        str(out),
+    ]
     env = {**trainer_env(place), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
@@ -140,10 +177,17 @@ def run_job(root: Path, model_dir: Path, data: Path, strategy: str, steps: int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--no-reshard",
+        action="store_true",
+        help="FSDP keeps each layer gathered from forward to backward (fewer all-gathers, more memory)",
+    )
     parser.add_argument("--rank", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
@@ -159,24 +203,44 @@ def main() -> None:
         runs: dict[str, list[dict]] = {"ddp": [], "fsdp": []}
         for i in range(repeats):
             for strategy in ("ddp", "fsdp"):
-                result = run_job(root, model_dir, data, strategy, steps, str(i))
+                result = run_job(
+                    root, model_dir, data, strategy, steps, str(i), reshard=not args.no_reshard
+                )
                 runs[strategy].append(result)
-                print(f"{strategy} #{i}: step {result['step_s']:.3f} s, peak RSS per rank "
-                      f"{result['rss_peak_per_rank_mb']} MB (after steps {result['rss_after_steps_mb']:.0f} MB), "
-                      f"wall {result['wall_s']:.1f} s", flush=True)
-    med = {s: {k: statistics.median(r[k] for r in rs) for k in ("step_s", "rss_peak_mb", "rss_after_steps_mb")}
-           for s, rs in runs.items()}
+                print(
+                    f"{strategy} #{i}: step {result['step_s']:.3f} s, peak RSS per rank "
+                    f"{result['rss_peak_per_rank_mb']} MB (after steps {result['rss_after_steps_mb']:.0f} MB), "
+                    f"wall {result['wall_s']:.1f} s",
+                    flush=True,
+                )
+    med = {
+        s: {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("step_s", "rss_peak_mb", "rss_after_steps_mb")
+        }
+        for s, rs in runs.items()
+    }
     step_ratio = med["fsdp"]["step_s"] / med["ddp"]["step_s"]
     rss_ratio = med["fsdp"]["rss_peak_mb"] / med["ddp"]["rss_peak_mb"]
     summary = {
-        "model": f"SmolLM2-135M shape, {layers} layers, random weights, fp32", "processes": 2,
-        "steps": steps, "repeats": repeats, "quick": args.quick,
+        "model": f"SmolLM2-135M shape, {layers} layers, random weights, fp32",
+        "processes": 2,
+        "steps": steps,
+        "repeats": repeats,
+        "quick": args.quick,
+        "fsdp_reshard_after_forward": not args.no_reshard,
         "load_avg_1m": os.getloadavg()[0],
-        "ddp_step_s": round(med["ddp"]["step_s"], 4), "fsdp_step_s": round(med["fsdp"]["step_s"], 4),
-        "step_time_ratio": round(step_ratio, 3), "step_time_ratio_target": 1.3,
-        "ddp_peak_rss_mb": round(med["ddp"]["rss_peak_mb"], 1), "fsdp_peak_rss_mb": round(med["fsdp"]["rss_peak_mb"], 1),
-        "peak_rss_ratio": round(rss_ratio, 3), "peak_rss_ratio_target": 0.6,
-        "peak_rss_ratio_steps_only": round(med["fsdp"]["rss_after_steps_mb"] / med["ddp"]["rss_after_steps_mb"], 3),
+        "ddp_step_s": round(med["ddp"]["step_s"], 4),
+        "fsdp_step_s": round(med["fsdp"]["step_s"], 4),
+        "step_time_ratio": round(step_ratio, 3),
+        "step_time_ratio_target": 1.3,
+        "ddp_peak_rss_mb": round(med["ddp"]["rss_peak_mb"], 1),
+        "fsdp_peak_rss_mb": round(med["fsdp"]["rss_peak_mb"], 1),
+        "peak_rss_ratio": round(rss_ratio, 3),
+        "peak_rss_ratio_target": 0.6,
+        "peak_rss_ratio_steps_only": round(
+            med["fsdp"]["rss_after_steps_mb"] / med["ddp"]["rss_after_steps_mb"], 3
+        ),
         "met": {"step_time_ratio": step_ratio <= 1.3, "peak_rss_ratio": rss_ratio <= 0.6},
     }
     print(json.dumps(summary))
