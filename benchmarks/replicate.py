@@ -269,10 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stale", type=int, help="S: steps per sampling round in the stale arms")
     ap.add_argument("--sync-every", type=int, help="humanline k")
     ap.add_argument("--lr", type=float)
+    ap.add_argument("--eval-size", type=int, help="held-out problems (each sampled 4 times)")
     ap.add_argument("--out", type=Path, default=REPO / ".humanline" / "replicate")
     args = ap.parse_args(argv)
     setup = quick_setup() if args.quick else Setup()
-    for name in ("seeds", "steps", "stale", "sync_every", "lr"):
+    for name in ("seeds", "steps", "stale", "sync_every", "lr", "eval_size"):
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
     summary = run(setup, args.out, args.quick)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,10 @@ from models.tables import Checkpoint, Job, JobEvent, JobMetric
 from models.teams import create_api_key, create_team
 from storage import open_store
 from tests.fixtures.rows import add_file
-from tests.fixtures.services import REPO, wait_for  # fixtures come from the plugin
+from tests.fixtures.services import REPO, wait_for, wait_job_done  # fixtures: the plugin
 from trainer.synthetic import preference_records
 from worker.config import WorkerSettings
 
-TERMINAL = ("succeeded", "failed", "cancelled")
 # tiny-llama, a few hundred ms a step on 2 CPU cores; ~5 s of trainer start-up (torch).
 TINY = {
     "base_model": "tiny-llama",
@@ -185,23 +183,8 @@ class Stack:
         return self.get(f"/v1/jobs/{job_id}")
 
     def wait_done(self, job_id: str, timeout: float, logs=lambda: "") -> dict[str, Any]:
-        """The job once terminal. Fails when it made no progress (status or step) for
-        `timeout` seconds, or after 4 × `timeout` in all: a job that still trains on a slow,
-        shared machine is not a stuck one."""
-        start = last_change = time.monotonic()
-        seen = None
-        while time.monotonic() - last_change < timeout and time.monotonic() - start < 4 * timeout:
-            job = self.job(job_id)
-            if job["status"] in TERMINAL:
-                return job
-            if (job["status"], job["current_step"]) != seen:
-                seen, last_change = (job["status"], job["current_step"]), time.monotonic()
-            time.sleep(0.2)
-        now = time.monotonic()
-        raise AssertionError(
-            f"job {job_id} still {job['status']} at step {job['current_step']}: no progress for "
-            f"{now - last_change:.0f}s ({now - start:.0f}s in all)\n{logs()}"
-        )
+        """The job once terminal; fails after `timeout` s without progress or 4× that in all."""
+        return wait_job_done(lambda: self.job(job_id), timeout, 4 * timeout, logs)
 
     def send(self, job_id: str, queue: str) -> None:
         """run_job(job_id) straight onto `queue`, as a second delivery would. (Celery is

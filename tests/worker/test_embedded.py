@@ -3,8 +3,7 @@ process; SQLite and a local store, nothing else."""
 
 from __future__ import annotations
 
-import time
-
+from tests.fixtures.services import wait_job_done
 from tests.worker.conftest import PREFERENCE, TINY, checkpoint_steps, metric_steps, wait_for
 from worker import embedded
 
@@ -36,17 +35,7 @@ def test_embedded_worker_runs_stops_and_resumes_a_job(local, api):
 
     # A job that keeps stepping is not stuck: fail when it makes no progress for 120 s (or
     # after 900 s in all), not when a loaded machine makes its 400 steps slow.
-    start = last_change = time.monotonic()
-    seen = None
-    while True:
-        job = api.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            break
-        if (job["status"], job["current_step"]) != seen:
-            seen, last_change = (job["status"], job["current_step"]), time.monotonic()
-        now = time.monotonic()
-        assert now - last_change < 120 and now - start < 900, f"stuck at {seen}"
-        time.sleep(0.2)
+    job = wait_job_done(lambda: api.get(f"/v1/jobs/{job_id}").json(), 120, 900)
     assert job["status"] == "succeeded", job["error"]
     assert job["attempt"] == 2
     kinds = [
