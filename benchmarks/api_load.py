@@ -41,12 +41,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 from apiserver import add_service_options, on_postgres
 from openloop import http_client, latencies, open_loop
 from procfs import cpu_seconds, process_tree
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 TARGET_P99_MS = 50.0
 TARGET_ERRORS = 0
@@ -95,11 +95,13 @@ def machine_cpu() -> list[int]:
 
 
 def machine_shares(before: list[int], after: list[int]) -> dict[str, float]:
-    delta = [b - a for a, b in zip(before, after)]
+    delta = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(delta) or 1
     idle = delta[3] + delta[4]
-    return {"machine_busy_pct": round(100 * (total - idle - delta[7]) / total, 1),
-            "machine_steal_pct": round(100 * delta[7] / total, 1)}
+    return {
+        "machine_busy_pct": round(100 * (total - idle - delta[7]) / total, 1),
+        "machine_steal_pct": round(100 * delta[7] / total, 1),
+    }
 
 
 # --- the load -----------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ Figures (targets from issue 11):
   step_time_ratio   median step time FSDP ÷ DDP, first step excluded (≤ 1.3)
   peak_rss_ratio    peak RSS per process FSDP ÷ DDP, the larger rank, whole run (≤ 0.6)
 `--quick` runs the same on a 2-layer model of the same width and vocab for 3 steps (about a
-minute on an idle 2-core machine; its memory ratio says little, the embedding dominates). The last line printed is one JSON
-object with every figure and its target.
+minute on an idle 2-core machine; its memory ratio says little, the embedding dominates). The
+last line printed is one JSON object with every figure and its target.
 """
 
 from __future__ import annotations
@@ -186,7 +186,10 @@ def main() -> None:
     parser.add_argument(
         "--no-reshard",
         action="store_true",
-        help="FSDP keeps each layer gathered from forward to backward (fewer all-gathers, more memory)",
+        help=(
+            "FSDP keeps each layer gathered from forward to backward "
+            "(fewer all-gathers, more memory)"
+        ),
     )
     parser.add_argument("--rank", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -209,7 +212,8 @@ def main() -> None:
                 runs[strategy].append(result)
                 print(
                     f"{strategy} #{i}: step {result['step_s']:.3f} s, peak RSS per rank "
-                    f"{result['rss_peak_per_rank_mb']} MB (after steps {result['rss_after_steps_mb']:.0f} MB), "
+                    f"{result['rss_peak_per_rank_mb']} MB "
+                    f"(after steps {result['rss_after_steps_mb']:.0f} MB), "
                     f"wall {result['wall_s']:.1f} s",
                     flush=True,
                 )

@@ -35,11 +35,6 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 from gpu_models import (
     ONE_B_SHAPE,
     SMOLLM2_SHAPE,
@@ -49,6 +44,11 @@ from gpu_models import (
     prompts_file,
     reward_model,
 )
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Dense bf16 peak (no sparsity) by device name; --peak-tflops for others.
 PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
@@ -61,12 +61,22 @@ class Report:
     def __init__(self, gpu: bool):
         self.gpu, self.figures, self.skipped, self.errors = gpu, {}, {}, {}
 
-    def figure(self, name: str, value, target: str | None = None, ok: bool | None = None,
-               gpu_only: bool = False) -> None:
+    def figure(
+        self,
+        name: str,
+        value,
+        target: str | None = None,
+        ok: bool | None = None,
+        gpu_only: bool = False,
+    ) -> None:
         if isinstance(value, float):
             value = round(value, 4)
-        self.figures[name] = {"value": value, "target": target, "met": ok,
-                              "enforced": ok is not None and (self.gpu or not gpu_only)}
+        self.figures[name] = {
+            "value": value,
+            "target": target,
+            "met": ok,
+            "enforced": ok is not None and (self.gpu or not gpu_only),
+        }
         note = f"  (target {target}: {'met' if ok else 'NOT met'})" if target else ""
         print(f"  {name} = {value}{note}", flush=True)
 
@@ -83,7 +93,10 @@ class Report:
             traceback.print_exc()
         finally:
             _free()
-            print(f"  ({time.perf_counter() - t0:.1f} s, {time.process_time() - c0:.1f} s CPU)", flush=True)
+            print(
+                f"  ({time.perf_counter() - t0:.1f} s, {time.process_time() - c0:.1f} s CPU)",
+                flush=True,
+            )
 
     def unmet(self) -> list[str]:
         return [n for n, f in self.figures.items() if f["enforced"] and not f["met"]]
@@ -111,18 +124,31 @@ class Setup:
         t0 = time.perf_counter()
         self.small = build_model(work / "small", TINY_SHAPE if self_check else SMOLLM2_SHAPE)
         self.pairs = pairs_file(self.small, work / "pairs.jsonl", 64, self.plen, self.clen)
-        print(f"[setup] {'tiny' if self_check else 'SmolLM2-135M'}-shaped random model and data in "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"[setup] {'tiny' if self_check else 'SmolLM2-135M'}-shaped random model and data in "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
 
     def spec(self, variant="offline+humanline", adapter="full", **kw):
         from contract.spec import JobSpec
 
-        body = {"base_model": str(self.small), "training_file": str(self.pairs), "objective": "dpo",
-                "variant": variant, "batch_size": self.batch, "max_steps": self.steps,
-                "max_prompt_length": self.plen + 16, "max_length": self.plen + self.clen + 32,
-                "precision": self.precision, "quality_sample": 0,
-                "optim": {"lr": 1e-4 if adapter == "lora" else 1e-5, "warmup_ratio": 0.0},
-                "adapter": {"kind": "lora", "r": 16, "alpha": 32} if adapter == "lora" else {"kind": "none"}}
+        body = {
+            "base_model": str(self.small),
+            "training_file": str(self.pairs),
+            "objective": "dpo",
+            "variant": variant,
+            "batch_size": self.batch,
+            "max_steps": self.steps,
+            "max_prompt_length": self.plen + 16,
+            "max_length": self.plen + self.clen + 32,
+            "precision": self.precision,
+            "quality_sample": 0,
+            "optim": {"lr": 1e-4 if adapter == "lora" else 1e-5, "warmup_ratio": 0.0},
+            "adapter": {"kind": "lora", "r": 16, "alpha": 32}
+            if adapter == "lora"
+            else {"kind": "none"},
+        }
         body.update(kw)
         return JobSpec.model_validate(body)
 
@@ -149,7 +175,9 @@ def part_bf16(r: Report, s: Setup) -> None:
         r.figure(f"bf16.{adapter}.loss_finite", finite, "true", finite)
         up = rows[-1]["rewards/margins"] > rows[0]["rewards/margins"]
         r.figure(f"bf16.{adapter}.margins_rise", up, "true", up, gpu_only=True)
-        r.figure(f"bf16.{adapter}.step_s", statistics.median(m["step_time"] for m in rows[1:] or rows))
+        r.figure(
+            f"bf16.{adapter}.step_s", statistics.median(m["step_time"] for m in rows[1:] or rows)
+        )
         if torch.cuda.is_available():
             r.figure(f"bf16.{adapter}.peak_gib", torch.cuda.max_memory_allocated() / 2**30)
         del tr
@@ -160,7 +188,9 @@ def part_overhead(r: Report, s: Setup) -> None:
 
     for adapter in ("full", "lora"):
         off = Trainer(s.spec("offline", adapter), s.work / f"oh-off-{adapter}", progress=False)
-        hl = Trainer(s.spec("offline+humanline", adapter), s.work / f"oh-hl-{adapter}", progress=False)
+        hl = Trainer(
+            s.spec("offline+humanline", adapter), s.work / f"oh-hl-{adapter}", progress=False
+        )
         t_off, t_hl = [], []
         for i in range(1, s.steps + 1):
             first, second = (off, hl) if i % 2 else (hl, off)  # alternate who goes first
@@ -169,7 +199,13 @@ def part_overhead(r: Report, s: Setup) -> None:
                 t_off.append(a if first is off else b)
                 t_hl.append(b if first is off else a)
         ratio = statistics.median(t_hl or [1.0]) / statistics.median(t_off or [1.0])
-        r.figure(f"overhead.{adapter}.humanline_over_offline", ratio, "<= 1.05", ratio <= 1.05, gpu_only=True)
+        r.figure(
+            f"overhead.{adapter}.humanline_over_offline",
+            ratio,
+            "<= 1.05",
+            ratio <= 1.05,
+            gpu_only=True,
+        )
         del off, hl
 
 
@@ -202,19 +238,52 @@ def part_fsdp(r: Report, s: Setup):
         out = s.work / f"fsdp-{name}"
         out.mkdir()
         (out / "spec.json").write_text(s.spec(precision="fp32", **extra).model_dump_json())
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        run = subprocess.run([sys.executable, "-m", "trainer", "run", str(out / "spec.json"), "--out", str(out / "run"),
-                              "--no-progress"], env=env, capture_output=True, text=True, check=False)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainer",
+                "run",
+                str(out / "spec.json"),
+                "--out",
+                str(out / "run"),
+                "--no-progress",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if run.returncode != 0:
             raise RuntimeError(f"{name} run exited {run.returncode}: {run.stderr.strip()[-600:]}")
         losses[name] = [m["loss"] for m in _metrics(out / "run")]
-        weights[name] = {k: v for f in sorted((out / "run" / "final").glob("*.safetensors")) for k, v in load_file(f).items()}
-    diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(losses["plain"], losses["fsdp"]))
+        weights[name] = {
+            k: v
+            for f in sorted((out / "run" / "final").glob("*.safetensors"))
+            for k, v in load_file(f).items()
+        }
+    diff = max(
+        abs(a - b) / max(abs(a), 1e-6)
+        for a, b in zip(losses["plain"], losses["fsdp"], strict=False)
+    )
     same = len(losses["plain"]) == len(losses["fsdp"]) and diff <= 1e-3
     r.figure("fsdp.one_gpu_max_rel_loss_diff", diff, "<= 1e-3", same)
     keys = weights["plain"].keys() == weights["fsdp"].keys() and bool(weights["plain"])
-    wdiff = max((float((weights["plain"][k].float() - weights["fsdp"][k].float()).abs().max()) for k in weights["plain"]),
-                default=float("inf")) if keys else float("inf")
+    wdiff = (
+        max(
+            (
+                float((weights["plain"][k].float() - weights["fsdp"][k].float()).abs().max())
+                for k in weights["plain"]
+            ),
+            default=float("inf"),
+        )
+        if keys
+        else float("inf")
+    )
     r.figure("fsdp.export_max_abs_weight_diff", wdiff, "<= 1e-4", keys and wdiff <= 1e-4)
     # Evidence that FSDP really ran: its checkpoints keep AdamW state sharded, one file per rank.
     sharded = any((s.work / "fsdp-fsdp" / "run" / "checkpoints").glob("step-*/optimizer-rank-0.pt"))
@@ -230,12 +299,24 @@ def part_online(r: Report, s: Setup, engine: str = "hf", model: Path | None = No
     rm = reward_model(s.work / f"rm-{engine}", model)
     n = 4
     # tau 0: every sampled group trains (random models score alike; the pipeline is what is tested)
-    spec = s.spec("online+humanline", objective="grpo", base_model=str(model), training_file=str(prompts),
-                  batch_size=2 * n,
-                  max_steps=4 if not s.self_check else 2, max_prompt_length=48, max_length=48 + (8 if s.self_check else 64),
-                  online={"num_samples": n, "max_new_tokens": 8 if s.self_check else 64, "sample_every": 2, "tau": 0.0,
-                          "engine": engine, "rewards": [{"name": "reward_model", "weight": 1.0,
-                                                         "options": {"path": str(rm)}}]})
+    spec = s.spec(
+        "online+humanline",
+        objective="grpo",
+        base_model=str(model),
+        training_file=str(prompts),
+        batch_size=2 * n,
+        max_steps=4 if not s.self_check else 2,
+        max_prompt_length=48,
+        max_length=48 + (8 if s.self_check else 64),
+        online={
+            "num_samples": n,
+            "max_new_tokens": 8 if s.self_check else 64,
+            "sample_every": 2,
+            "tau": 0.0,
+            "engine": engine,
+            "rewards": [{"name": "reward_model", "weight": 1.0, "options": {"path": str(rm)}}],
+        },
+    )
     t0 = time.perf_counter()
     result = train(spec, s.work / f"online-{engine}", progress=False)
     rows = _metrics(s.work / f"online-{engine}")
@@ -250,8 +331,13 @@ def part_vllm(r: Report, s: Setup):
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
-        return f"vllm is not importable here ({exc}); its GPU figures come from a machine that can install it"
-    padded = build_model(s.work / "small-vllm", TINY_SHAPE if s.self_check else SMOLLM2_SHAPE, pad_tokenizer=True)
+        return (
+            f"vllm is not importable here ({exc}); "
+            "its GPU figures come from a machine that can install it"
+        )
+    padded = build_model(
+        s.work / "small-vllm", TINY_SHAPE if s.self_check else SMOLLM2_SHAPE, pad_tokenizer=True
+    )
     part_online(r, s, engine="vllm", model=padded)
     return None
 
@@ -283,14 +369,29 @@ def part_trl(r: Report, s: Setup) -> None:
             t_trl.append(time.perf_counter() - self.t0)
             t_ours.append(ours.step(state.global_step)["step_time"])
 
-    cfg = DPOConfig(output_dir=str(s.work / "vs-trl"), per_device_train_batch_size=s.batch, max_steps=s.steps,
-                    max_length=s.plen + s.clen + 32, sync_ref_model=True, ref_model_sync_steps=1,
-                    ref_model_mixup_alpha=1.0, learning_rate=1e-5, report_to=[], save_strategy="no",
-                    logging_steps=10**6, use_cpu=not on_gpu, dataloader_num_workers=0, disable_tqdm=True,
-                    bf16=True)
-    trl = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(s.small, dtype=torch.float32), args=cfg,
-                     train_dataset=load_dataset("json", data_files=str(s.pairs), split="train"),
-                     processing_class=load_tokenizer(s.small))
+    cfg = DPOConfig(
+        output_dir=str(s.work / "vs-trl"),
+        per_device_train_batch_size=s.batch,
+        max_steps=s.steps,
+        max_length=s.plen + s.clen + 32,
+        sync_ref_model=True,
+        ref_model_sync_steps=1,
+        ref_model_mixup_alpha=1.0,
+        learning_rate=1e-5,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        use_cpu=not on_gpu,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=True,
+    )
+    trl = DPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(s.small, dtype=torch.float32),
+        args=cfg,
+        train_dataset=load_dataset("json", data_files=str(s.pairs), split="train"),
+        processing_class=load_tokenizer(s.small),
+    )
     trl.add_callback(Interleave())
     trl.train()
     skip = min(2, len(t_trl) - 1)
@@ -309,8 +410,16 @@ def part_mfu(r: Report, s: Setup, peak_tflops: float | None) -> None:
     big = build_model(s.work / "big", shape, seed=1)
     plen, clen, batch = (16, 16, 2) if s.self_check else (256, 256, 8)
     data = pairs_file(big, s.work / "big-pairs.jsonl", 64, plen, clen)
-    spec = s.spec("offline+humanline", "full", base_model=str(big), training_file=str(data), batch_size=batch,
-                  max_prompt_length=plen + 16, max_length=plen + clen + 32, max_steps=3 if s.self_check else 8)
+    spec = s.spec(
+        "offline+humanline",
+        "full",
+        base_model=str(big),
+        training_file=str(data),
+        batch_size=batch,
+        max_prompt_length=plen + 16,
+        max_length=plen + clen + 32,
+        max_steps=3 if s.self_check else 8,
+    )
     tr = Trainer(spec, s.work / "mfu", progress=False)
     n_params = sum(p.numel() for p in tr.unwrapped.parameters())
     rows = [tr.step(i) for i in range(1, spec.max_steps + 1)]
@@ -328,29 +437,46 @@ def part_mfu(r: Report, s: Setup, peak_tflops: float | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--self-check", "--quick", action="store_true",
-                    help="tiny shapes on the CPU (automatic without CUDA)")
+    ap.add_argument(
+        "--self-check",
+        "--quick",
+        action="store_true",
+        help="tiny shapes on the CPU (automatic without CUDA)",
+    )
     ap.add_argument("--parts", default="bf16,overhead,fsdp,online,trl,mfu,vllm")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
-    ap.add_argument("--budget-s", type=float, default=540.0,
-                    help="parts not started by then are skipped, so the summary always prints")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=540.0,
+        help="parts not started by then are skipped, so the summary always prints",
+    )
     args = ap.parse_args(argv)
     import torch
     import transformers
 
     self_check = args.self_check or not torch.cuda.is_available()
     if self_check and not args.self_check:
-        print("no CUDA device: running the CPU self-check (tiny shapes; figures are not GPU figures)")
+        print(
+            "no CUDA device: running the CPU self-check (tiny shapes; figures are not GPU figures)"
+        )
     if self_check:
         torch.set_num_threads(1)  # tiny shapes: threads only contend
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-smoke-"))
     os.environ.setdefault("HUMANLINE_CACHE", str(work / "cache"))
     r = Report(gpu=not self_check)
     t0 = time.perf_counter()
-    parts = {"bf16": (part_bf16,), "overhead": (part_overhead,), "fsdp": (part_fsdp,), "online": (part_online,),
-             "trl": (part_trl,), "mfu": (part_mfu, args.peak_tflops), "vllm": (part_vllm,)}
+    parts = {
+        "bf16": (part_bf16,),
+        "overhead": (part_overhead,),
+        "fsdp": (part_fsdp,),
+        "online": (part_online,),
+        "trl": (part_trl,),
+        "mfu": (part_mfu, args.peak_tflops),
+        "vllm": (part_vllm,),
+    }
     try:
         setup = Setup(work, self_check, args.steps)
     except Exception as exc:  # noqa: BLE001  (still print the summary line)
@@ -359,15 +485,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.parts.split(",") if parts else []:
         fn, *extra = parts[name]
         if time.perf_counter() - t0 > args.budget_s:
-            r.errors[name] = f"not run: the time budget of {args.budget_s:.0f} s was spent before it"
+            r.errors[name] = (
+                f"not run: the time budget of {args.budget_s:.0f} s was spent before it"
+            )
             continue
         r.part(name, fn, setup, *extra)
     summary = {
         "mode": "self-check" if self_check else "gpu",
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": sys.version.split()[0], "seconds": round(time.perf_counter() - t0, 1),
-        "figures": r.figures, "skipped": r.skipped, "errors": r.errors, "unmet": r.unmet(), "ok": r.ok(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "seconds": round(time.perf_counter() - t0, 1),
+        "figures": r.figures,
+        "skipped": r.skipped,
+        "errors": r.errors,
+        "unmet": r.unmet(),
+        "ok": r.ok(),
     }
     print(json.dumps(summary))
     return 0 if r.ok() else 1

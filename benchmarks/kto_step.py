@@ -36,13 +36,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from procfs import reset_peak, status_kb
+from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from procfs import reset_peak, status_kb
-from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
 
 TARGETS = {"step_time_ratio": 0.85, "step_memory_ratio": 0.75}
 
@@ -54,7 +54,10 @@ def make_data(model: str, path: Path, n: int = 64, tokens: int = 64) -> Path:
     tok = load_tokenizer(resolve_model(model))
     prompt = text_of(tok, tokens, user_turn(tok))
     answer = text_of(tok, tokens - 2, lambda s: s + (tok.eos_token or ""))
-    rows = [{"prompt": f"{i} {prompt}", "completion": f"{i % 7} {answer}", "label": i % 2 == 0} for i in range(n)]
+    rows = [
+        {"prompt": f"{i} {prompt}", "completion": f"{i % 7} {answer}", "label": i % 2 == 0}
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -68,11 +71,19 @@ def make_trainer(model: str, data: Path, steps: int, out: Path, path: str):
     from contract.spec import JobSpec
     from trainer.train import Trainer
 
-    spec = JobSpec.model_validate({
-        "base_model": model, "training_file": str(data), "objective": "kto", "batch_size": BATCH,
-        "max_steps": steps, "max_prompt_length": 96, "max_length": 192, "quality_sample": 0,
-        "optim": {"lr": 1e-5, "warmup_ratio": 0.0},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "base_model": model,
+            "training_file": str(data),
+            "objective": "kto",
+            "batch_size": BATCH,
+            "max_steps": steps,
+            "max_prompt_length": 96,
+            "max_length": 192,
+            "quality_sample": 0,
+            "optim": {"lr": 1e-5, "warmup_ratio": 0.0},
+        }
+    )
     tr = Trainer(spec, out, progress=False)
     if path == "old":
         recipe = tr.recipe
@@ -94,11 +105,15 @@ def step_times(model: str, data: Path, steps: int) -> dict:
                 t_old.append(m_old["step_time"])
                 t_new.append(m_new["step_time"])
     med_old, med_new = statistics.median(t_old), statistics.median(t_new)
-    return {"old_step_s": med_old, "new_step_s": med_new, "step_time_ratio": med_new / med_old,
-            "max_loss_gap": loss_gap}
+    return {
+        "old_step_s": med_old,
+        "new_step_s": med_new,
+        "step_time_ratio": med_new / med_old,
+        "max_loss_gap": loss_gap,
+    }
 
 
-# ---- B: one child per path --------------------------------------------------------------------------
+# ---- B: one child per path ----------------------------------------------------------------------
 def child(model: str, data: Path, steps: int, path: str) -> dict:
     import torch
 
@@ -118,15 +133,21 @@ def child(model: str, data: Path, steps: int, path: str) -> dict:
             tr.step(s)
         peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else status_kb("VmHWM") / 1024
         grad_mb = sum(p.numel() * p.element_size() for p in tr.params) / 2**20
-    return {"step_memory_mb": peak - base, "peak_mb": peak, "grad_mb": grad_mb,
-            "memory": "cuda allocated" if gpu else "rss"}
+    return {
+        "step_memory_mb": peak - base,
+        "peak_mb": peak,
+        "grad_mb": grad_mb,
+        "memory": "cuda allocated" if gpu else "rss",
+    }
 
 
 def main() -> None:
     global BATCH
     ap = parser(__doc__)
     ap.add_argument("--batch", type=int, default=BATCH, help="KTO examples per step (default 8)")
-    ap.add_argument("--tokens", type=int, default=64, help="prompt and completion tokens each (default 64)")
+    ap.add_argument(
+        "--tokens", type=int, default=64, help="prompt and completion tokens each (default 64)"
+    )
     args = ap.parse_args()
     if args.child:
         model, data, steps, path = args.child
@@ -137,20 +158,31 @@ def main() -> None:
     os.environ["KTO_BENCH_BATCH"] = str(BATCH)
     model, steps = model_and_steps(args, 4, 9)
     data = make_data(model, Path(tempfile.mkdtemp()) / "unpaired.jsonl", tokens=args.tokens)
-    result: dict = {"model": model, "steps": steps,
-                    "threads": threads(),
-                    "batch": f"{BATCH} KTO examples (+{BATCH} mismatched pairs) x (~{args.tokens} prompt + "
-                             f"~{args.tokens} completion) tokens, fp32"}
+    result: dict = {
+        "model": model,
+        "steps": steps,
+        "threads": threads(),
+        "batch": f"{BATCH} KTO examples (+{BATCH} mismatched pairs) x (~{args.tokens} prompt + "
+        f"~{args.tokens} completion) tokens, fp32",
+    }
     result.update(step_times(model, data, steps))
     print(f"step time: {json.dumps(result)}", flush=True)
     mem_steps = min(steps, 4)
-    old, new = (run_child(__file__, model, str(data), str(mem_steps), path) for path in ("old", "new"))
-    result.update(old_step_memory_mb=old["step_memory_mb"], new_step_memory_mb=new["step_memory_mb"],
-                  step_memory_ratio=new["step_memory_mb"] / old["step_memory_mb"],
-                  old_peak_mb=old["peak_mb"], new_peak_mb=new["peak_mb"], memory=new["memory"],
-                  # report only: the step's memory without the gradient buffers both paths allocate
-                  grad_mb=new["grad_mb"],
-                  activation_memory_ratio=(new["step_memory_mb"] - new["grad_mb"]) / (old["step_memory_mb"] - old["grad_mb"]))
+    old, new = (
+        run_child(__file__, model, str(data), str(mem_steps), path) for path in ("old", "new")
+    )
+    result.update(
+        old_step_memory_mb=old["step_memory_mb"],
+        new_step_memory_mb=new["step_memory_mb"],
+        step_memory_ratio=new["step_memory_mb"] / old["step_memory_mb"],
+        old_peak_mb=old["peak_mb"],
+        new_peak_mb=new["peak_mb"],
+        memory=new["memory"],
+        # report only: the step's memory without the gradient buffers both paths allocate
+        grad_mb=new["grad_mb"],
+        activation_memory_ratio=(new["step_memory_mb"] - new["grad_mb"])
+        / (old["step_memory_mb"] - old["grad_mb"]),
+    )
     result["targets"] = {k: f"<= {v}" for k, v in TARGETS.items()}
     result["met"] = {k: result[k] <= v for k, v in TARGETS.items()}
     print(json.dumps(result))

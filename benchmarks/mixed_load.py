@@ -36,13 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import httpx
-from apiserver import add_service_options, on_postgres
-from openloop import http_client, latencies, open_loop
+from apiserver import add_service_options, on_postgres  # noqa: E402 - on the path above
+from openloop import http_client, latencies, open_loop  # noqa: E402 - on the path above
+
 MIX = [
     ("GET /v1/jobs", 4),
     ("GET /v1/jobs/{id}", 4),

@@ -29,12 +29,27 @@ def run(model: str, steps: int, sample_every: int, engine: str) -> dict:
     from contract.spec import JobSpec
     from trainer.train import Trainer
 
-    spec = JobSpec.model_validate({
-        "base_model": model, "training_file": str(PROMPTS), "objective": "grpo", "variant": "online+humanline",
-        "batch_size": 8, "max_steps": steps, "max_length": 448, "max_prompt_length": 400,  # 2 groups of 4
-        "adapter": {"kind": "lora", "r": 8, "alpha": 16}, "humanline_params": {"sync_every": 4},
-        "online": {"num_samples": 4, "max_new_tokens": 24, "sample_every": sample_every, "engine": engine, "tau": 0.0},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "base_model": model,
+            "training_file": str(PROMPTS),
+            "objective": "grpo",
+            "variant": "online+humanline",
+            "batch_size": 8,
+            "max_steps": steps,
+            "max_length": 448,
+            "max_prompt_length": 400,  # 2 groups of 4
+            "adapter": {"kind": "lora", "r": 8, "alpha": 16},
+            "humanline_params": {"sync_every": 4},
+            "online": {
+                "num_samples": 4,
+                "max_new_tokens": 24,
+                "sample_every": sample_every,
+                "engine": engine,
+                "tau": 0.0,
+            },
+        }
+    )
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(spec, Path(tmp), progress=False)
         t0 = time.perf_counter()
@@ -44,13 +59,23 @@ def run(model: str, steps: int, sample_every: int, engine: str) -> dict:
     sample = sum(r.get("round/sample_time", 0.0) for r in rows)
     score = sum(r.get("round/score_time", 0.0) for r in rows)
     rounds = sum("round/index" in r for r in rows)
-    return {"sample_every": sample_every, "rounds": rounds, "wall_s": wall, "sample_s": sample,
-            "score_s": score, "train_s": wall - sample - score, "sample_share": sample / wall,
-            "score_share": score / wall, "train_share": (wall - sample - score) / wall}
+    return {
+        "sample_every": sample_every,
+        "rounds": rounds,
+        "wall_s": wall,
+        "sample_s": sample,
+        "score_s": score,
+        "train_s": wall - sample - score,
+        "sample_share": sample / wall,
+        "score_share": score / wall,
+        "train_share": (wall - sample - score) / wall,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"])
@@ -63,8 +88,13 @@ def main() -> None:
         print(json.dumps(r), flush=True)
     base = results[0]["sample_s"] + results[0]["score_s"]
     summary = {
-        "model": args.model, "steps": steps, "engine": args.engine, "runs": results,
-        "sampling_time_vs_every_step": {str(r["sample_every"]): (r["sample_s"] + r["score_s"]) / base for r in results},
+        "model": args.model,
+        "steps": steps,
+        "engine": args.engine,
+        "runs": results,
+        "sampling_time_vs_every_step": {
+            str(r["sample_every"]): (r["sample_s"] + r["score_s"]) / base for r in results
+        },
         "target": "report only (DESIGN.md: humanline lets one sample 64x less often without loss)",
     }
     print(json.dumps(summary))

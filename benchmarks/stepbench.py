@@ -28,7 +28,9 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watc
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="tiny-llama, few steps (< 60 s)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--steps", type=int, default=None)

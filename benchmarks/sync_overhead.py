@@ -28,13 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from procfs import status_kb
+from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from procfs import status_kb
-from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
 
 
 def peak_rss_mb() -> float:
@@ -52,11 +52,13 @@ def make_data(model: str, path: Path, n: int = 64, tokens: int = 64) -> Path:
     answer = text_of(tok, tokens - 2, lambda s: s + (tok.eos_token or ""))
     rows = []
     for i in range(n):
-        rows.append({
-            "prompt": [{"role": "user", "content": f"{i} {prompt}"}],
-            "chosen": [{"role": "assistant", "content": f"yes {answer}"}],
-            "rejected": [{"role": "assistant", "content": f"no {answer}"}],
-        })
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": f"{i} {prompt}"}],
+                "chosen": [{"role": "assistant", "content": f"yes {answer}"}],
+                "rejected": [{"role": "assistant", "content": f"no {answer}"}],
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -69,11 +71,23 @@ PRECISION = os.environ.get("SYNC_BENCH_PRECISION", "fp32")
 def make_spec(model: str, data: Path, variant: str, adapter: str, steps: int):
     from contract.spec import JobSpec
 
-    return JobSpec.model_validate({"precision": PRECISION,
-        "base_model": model, "training_file": str(data), "objective": "dpo", "variant": variant,
-        "batch_size": 4, "max_steps": steps, "max_prompt_length": 72, "max_length": 144,
-        "quality_sample": 0, "adapter": {"kind": "lora", "r": 16, "alpha": 32} if adapter == "lora" else {"kind": "none"},
-    })
+    return JobSpec.model_validate(
+        {
+            "precision": PRECISION,
+            "base_model": model,
+            "training_file": str(data),
+            "objective": "dpo",
+            "variant": variant,
+            "batch_size": 4,
+            "max_steps": steps,
+            "max_prompt_length": 72,
+            "max_length": 144,
+            "quality_sample": 0,
+            "adapter": {"kind": "lora", "r": 16, "alpha": 32}
+            if adapter == "lora"
+            else {"kind": "none"},
+        }
+    )
 
 
 # ---- A: interleaved step times ----------------------------------------------------------------
@@ -83,8 +97,14 @@ def step_times(model: str, data: Path, adapter: str, steps: int) -> dict:
     from trainer.train import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        off = Trainer(make_spec(model, data, "offline", adapter, steps), Path(tmp) / "off", progress=False)
-        hl = Trainer(make_spec(model, data, "offline+humanline", adapter, steps), Path(tmp) / "hl", progress=False)
+        off = Trainer(
+            make_spec(model, data, "offline", adapter, steps), Path(tmp) / "off", progress=False
+        )
+        hl = Trainer(
+            make_spec(model, data, "offline+humanline", adapter, steps),
+            Path(tmp) / "hl",
+            progress=False,
+        )
         t_off, t_hl, t_sync = [], [], []
         for s, m_off, m_hl in interleaved(off, hl, steps):
             if s > 1:  # step 1 warms caches and allocators
@@ -95,16 +115,21 @@ def step_times(model: str, data: Path, adapter: str, steps: int) -> dict:
         shadow = [p.detach().clone() for p in params]
         t0 = time.perf_counter()
         with torch.no_grad():
-            for dst, src in zip(shadow, params):
+            for dst, src in zip(shadow, params, strict=True):
                 dst.copy_(src)
         copy_s = time.perf_counter() - t0
     med_off, med_hl = statistics.median(t_off), statistics.median(t_hl)
-    return {"offline_step_s": med_off, "humanline_step_s": med_hl, "ratio": med_hl / med_off,
-            "sync_s": statistics.median(t_sync), "weight_copy_s": copy_s,
-            "trainable_params": sum(p.numel() for p in params)}
+    return {
+        "offline_step_s": med_off,
+        "humanline_step_s": med_hl,
+        "ratio": med_hl / med_off,
+        "sync_s": statistics.median(t_sync),
+        "weight_copy_s": copy_s,
+        "trainable_params": sum(p.numel() for p in params),
+    }
 
 
-# ---- B / C children: one configuration per process, for honest peak RSS ---------------------------
+# ---- B / C children: one configuration per process, for honest peak RSS -------------------------
 def child_ours(model: str, data: Path, variant: str, adapter: str, steps: int) -> dict:
     from trainer.train import Trainer
 
@@ -123,14 +148,26 @@ def trl_trainer(model: str, data: Path, steps: int, out: str, callbacks=()):
 
     model_dir = resolve_model(model)
     cfg = DPOConfig(
-        output_dir=out, per_device_train_batch_size=4, max_steps=steps, max_length=144,
-        sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0,
-        learning_rate=5e-6, report_to=[], save_strategy="no", logging_steps=10**6,
-        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-        bf16=PRECISION == "bf16",  # TRL's default is bf16 autocast; the comparison needs equal precision
+        output_dir=out,
+        per_device_train_batch_size=4,
+        max_steps=steps,
+        max_length=144,
+        sync_ref_model=True,
+        ref_model_sync_steps=1,
+        ref_model_mixup_alpha=1.0,
+        learning_rate=5e-6,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10**6,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=PRECISION
+        == "bf16",  # TRL's default is bf16 autocast; the comparison needs equal precision
     )
     trainer = DPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), args=cfg,
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        args=cfg,
         train_dataset=load_dataset("json", data_files=str(data), split="train"),
         processing_class=load_tokenizer(model_dir),
     )
@@ -164,7 +201,11 @@ def versus_trl(model: str, data: Path, steps: int) -> dict:
 
     t_trl, t_ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        ours = Trainer(make_spec(model, data, "offline+humanline", "full", steps), Path(tmp) / "ours", progress=False)
+        ours = Trainer(
+            make_spec(model, data, "offline+humanline", "full", steps),
+            Path(tmp) / "ours",
+            progress=False,
+        )
 
         class Interleave(TrainerCallback):
             def on_step_begin(self, *a, **k):
@@ -182,11 +223,18 @@ def versus_trl(model: str, data: Path, steps: int) -> dict:
 def main() -> None:
     global PRECISION
     ap = parser(__doc__)
-    ap.add_argument("--parts", default="interleaved,memory,trl",
-                    help="comma-separated subset of interleaved (A), memory (B), trl (C)")
+    ap.add_argument(
+        "--parts",
+        default="interleaved,memory,trl",
+        help="comma-separated subset of interleaved (A), memory (B), trl (C)",
+    )
     ap.add_argument("--adapters", default="lora,full", help="comma-separated: lora, full")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default=os.environ.get("SYNC_BENCH_PRECISION", "fp32"),
-                    help="both sides: fp32, or bf16 autocast over fp32 weights (TRL's default)")
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default=os.environ.get("SYNC_BENCH_PRECISION", "fp32"),
+        help="both sides: fp32, or bf16 autocast over fp32 weights (TRL's default)",
+    )
     args = ap.parse_args()
     PRECISION = os.environ["SYNC_BENCH_PRECISION"] = args.precision
     if args.child:
@@ -200,8 +248,12 @@ def main() -> None:
     model, steps = model_and_steps(args, 4, 6)
     tmp = Path(tempfile.mkdtemp())
     data = make_data(model, tmp / "pairs.jsonl")
-    result: dict = {"model": model, "steps": steps, "threads": threads(),
-                    "batch": f"4 pairs x (64 prompt + 64 chosen + 64 rejected) tokens, {PRECISION}"}
+    result: dict = {
+        "model": model,
+        "steps": steps,
+        "threads": threads(),
+        "batch": f"4 pairs x (64 prompt + 64 chosen + 64 rejected) tokens, {PRECISION}",
+    }
     parts, targets, met = set(args.parts.split(",")), {}, {}
     for adapter in args.adapters.split(","):
         a: dict = {}
@@ -210,25 +262,42 @@ def main() -> None:
             targets[f"{adapter}.ratio"], met[f"{adapter}.ratio"] = "<= 1.03", a["ratio"] <= 1.03
         if "memory" in parts:
             mem_off = run_child(__file__, "ours", model, str(data), "offline", adapter, "3")
-            mem_hl = run_child(__file__, "ours", model, str(data), "offline+humanline", adapter, "3")
-            a.update(offline_peak_rss_mb=mem_off["peak_rss_mb"], humanline_peak_rss_mb=mem_hl["peak_rss_mb"],
-                     rss_ratio=mem_hl["peak_rss_mb"] / mem_off["peak_rss_mb"])
+            mem_hl = run_child(
+                __file__, "ours", model, str(data), "offline+humanline", adapter, "3"
+            )
+            a.update(
+                offline_peak_rss_mb=mem_off["peak_rss_mb"],
+                humanline_peak_rss_mb=mem_hl["peak_rss_mb"],
+                rss_ratio=mem_hl["peak_rss_mb"] / mem_off["peak_rss_mb"],
+            )
             limit = 1.02 if adapter == "lora" else 1.0
-            targets[f"{adapter}.rss_ratio"], met[f"{adapter}.rss_ratio"] = f"<= {limit}", a["rss_ratio"] <= limit
+            targets[f"{adapter}.rss_ratio"], met[f"{adapter}.rss_ratio"] = (
+                f"<= {limit}",
+                a["rss_ratio"] <= limit,
+            )
         result[adapter] = a
         print(f"{adapter}: {json.dumps(a)}", flush=True)
     if "trl" in parts:
         vs = versus_trl(model, data, steps)
         mem_trl = run_child(__file__, "trl", model, str(data), "3")
         mem_ours = run_child(__file__, "ours", model, str(data), "offline+humanline", "full", "3")
-        vs.update(trl_peak_rss_mb=mem_trl["peak_rss_mb"], ours_peak_rss_mb=mem_ours["peak_rss_mb"],
-                  rss_ratio=mem_ours["peak_rss_mb"] / mem_trl["peak_rss_mb"],
-                  memory_savers={"trl": "gradient checkpointing (TRL default), fused LM head (log-probs without full logits); keeps a reference model copy",
-                                 "ours": "no reference model (lookahead log-probs), each pair's prompt run once (shared prefix), "
-                                         "logits only on completion positions; no checkpointing"})
+        vs.update(
+            trl_peak_rss_mb=mem_trl["peak_rss_mb"],
+            ours_peak_rss_mb=mem_ours["peak_rss_mb"],
+            rss_ratio=mem_ours["peak_rss_mb"] / mem_trl["peak_rss_mb"],
+            memory_savers={
+                "trl": "gradient checkpointing (TRL default), "
+                "fused LM head (log-probs without full logits); keeps a reference model copy",
+                "ours": "no reference model (lookahead log-probs), "
+                "each pair's prompt run once (shared prefix), "
+                "logits only on completion positions; no checkpointing",
+            },
+        )
         result["vs_trl"] = vs
         targets.update({"vs_trl.ratio": "<= 0.70", "vs_trl.rss_ratio": "<= 1.00"})
-        met.update({"vs_trl.ratio": vs["ratio"] <= 0.70, "vs_trl.rss_ratio": vs["rss_ratio"] <= 1.0})
+        met.update(
+            {"vs_trl.ratio": vs["ratio"] <= 0.70, "vs_trl.rss_ratio": vs["rss_ratio"] <= 1.0}
+        )
     result["targets"], result["met"] = targets, met
     print(json.dumps(result))
 

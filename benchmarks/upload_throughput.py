@@ -42,12 +42,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
 import httpx
 from apiserver import free_port, prepare_database, server_pids, start_server, stop_server
 from procfs import cpu_seconds, reset_peak, status_kb
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 TARGET_MB_S = 50.0
 TARGET_RSS_GROWTH_MB = 100.0

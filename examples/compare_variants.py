@@ -35,9 +35,15 @@ def fmt(value: object) -> str:
 def side_by_side(rows: list[tuple[str, list[str]]], headers: list[str]) -> str:
     width = max(len(name) for name, _ in rows + [("metric", [])])
     cols = [max(len(h), *(len(vals[i]) for _, vals in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(["metric".ljust(width), *(h.rjust(w) for h, w in zip(headers, cols))])]
+    lines = [
+        "  ".join(
+            ["metric".ljust(width), *(h.rjust(w) for h, w in zip(headers, cols, strict=True))]
+        )
+    ]
     for name, values in rows:
-        lines.append("  ".join([name.ljust(width), *(v.rjust(w) for v, w in zip(values, cols))]))
+        lines.append(
+            "  ".join([name.ljust(width), *(v.rjust(w) for v, w in zip(values, cols, strict=True))])
+        )
     return "\n".join(lines)
 
 

@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     with Client() as client:  # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
         uploaded = client.files.upload(file=args.data, purpose="train")
         print(
-            f"uploaded {args.data.name}: {uploaded.id} ({uploaded.records} {uploaded.format} records)"
+            f"uploaded {args.data.name}: {uploaded.id} "
+            f"({uploaded.records} {uploaded.format} records)"
         )
 
         job = client.jobs.create(

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         prompts = client.files.upload(file=DATA / "arithmetic_train.jsonl", purpose="train")
         evals = client.files.upload(file=DATA / "arithmetic_eval.jsonl", purpose="eval")
         print(
-            f"uploaded {prompts.records} {prompts.format} prompts and {evals.records} {evals.format} problems"
+            f"uploaded {prompts.records} {prompts.format} prompts "
+            f"and {evals.records} {evals.format} problems"
         )
         job = client.jobs.create(
             base_model=args.model,

@@ -347,7 +347,7 @@ def test_enqueue_failure_does_not_fail_the_request(client, team_a, math_file, ev
     assert r.status_code == 201 and r.json()["status"] == "queued"
 
 
-# --- read -------------------------------------------------------------------------------------------
+# --- read ----------------------------------------------------------------------------------------
 
 
 def test_list_filters_and_paginates(
@@ -358,7 +358,10 @@ def test_list_filters_and_paginates(
     with db_sessions() as s:
         s.execute(update(Evaluation).where(Evaluation.id == ids[0]).values(status="succeeded"))
         s.commit()
-    get = lambda **q: client.get("/v1/evaluations", headers=team_a.headers, params=q).json()
+
+    def get(**q):
+        return client.get("/v1/evaluations", headers=team_a.headers, params=q).json()
+
     assert [e["id"] for e in get()["data"]] == [inst, *reversed(ids)]
     assert [e["id"] for e in get(kind="instruction")["data"]] == [inst]
     assert [e["id"] for e in get(status="succeeded")["data"]] == [ids[0]]

@@ -99,7 +99,9 @@ def test_teams_cannot_see_or_touch_each_others_jobs(
     assert client.get(f"/v1/jobs/{job_id}", headers=team_a.headers).json()["status"] == "queued"
 
 
-def test_exported_model_downloads_once_the_job_succeeded(client, team_a, team_b, train_file, db_sessions, store, tmp_path):
+def test_exported_model_downloads_once_the_job_succeeded(
+    client, team_a, team_b, train_file, db_sessions, store, tmp_path
+):
     from storage.keys import job_prefix
 
     job_id = create_job(client, team_a, train_file)["id"]

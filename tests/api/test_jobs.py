@@ -51,21 +51,44 @@ def test_the_job_shows_resolved_values_never_null_for_a_default(client, team_a, 
     """Issue 12: lr, batch size, steps, ε, schedule and preset as the run will use them. 40
     preference records: KTO splits them into 80 examples; GRPO's 64 sequences are 32 pairs."""
     rows = [{"prompt": f"Q{i}?", "chosen": "good", "rejected": "bad"} for i in range(40)]
-    file_id = upload(client, team_a, "".join(json.dumps(r) + "\n" for r in rows).encode()).json()["id"]
+    file_id = upload(client, team_a, "".join(json.dumps(r) + "\n" for r in rows).encode()).json()[
+        "id"
+    ]
     grpo = create_job(
-        client, team_a, file_id, objective="grpo", variant="offline+humanline", epochs=2,
+        client,
+        team_a,
+        file_id,
+        objective="grpo",
+        variant="offline+humanline",
+        epochs=2,
         batch_size=None,  # the default (job_body sets 4)
     )
     spec = grpo["spec"]
-    assert (spec["optim"]["lr"], spec["batch_size"], spec["objective"]["epsilon"]) == (5e-6, 64, 0.15)
+    assert (spec["optim"]["lr"], spec["batch_size"], spec["objective"]["epsilon"]) == (
+        5e-6,
+        64,
+        0.15,
+    )
     assert (spec["optim"]["schedule"], spec["preset"], spec["reference_sync"]) == (
-        "constant_with_warmup", "instruction", "humanline")
+        "constant_with_warmup",
+        "instruction",
+        "humanline",
+    )
     assert grpo["total_steps"] == 2  # 40 groups // 32 per batch, × 2 epochs
     kto = create_job(client, team_a, file_id, objective="kto", batch_size=16)
-    assert (kto["spec"]["optim"]["lr"], kto["spec"]["reference_sync"], kto["total_steps"]) == (5e-6, "none", 5)
-    math = create_job(client, team_a, file_id, objective="grpo", preset="math", batch_size=16, optim={"lr": 2e-6})
-    assert (math["spec"]["optim"]["lr"], math["spec"]["optim"]["eps"], math["spec"]["objective"]["beta_kl"]) == (
-        2e-6, 1e-8, 1e-4)
+    assert (kto["spec"]["optim"]["lr"], kto["spec"]["reference_sync"], kto["total_steps"]) == (
+        5e-6,
+        "none",
+        5,
+    )
+    math = create_job(
+        client, team_a, file_id, objective="grpo", preset="math", batch_size=16, optim={"lr": 2e-6}
+    )
+    assert (
+        math["spec"]["optim"]["lr"],
+        math["spec"]["optim"]["eps"],
+        math["spec"]["objective"]["beta_kl"],
+    ) == (2e-6, 1e-8, 1e-4)
     assert math["spec"]["objective"]["epsilon"] == 0.5  # offline, never synced
     assert client.get(f"/v1/jobs/{grpo['id']}", headers=team_a.headers).json()["spec"] == spec
 
@@ -174,9 +197,7 @@ def test_enqueue_failure_does_not_fail_the_request(client, team_a, train_file, q
 
 
 def test_a_batch_the_user_set_larger_than_the_data_is_refused(client, team_a, train_file):
-    r = client.post(
-        "/v1/jobs", headers=team_a.headers, json=job_body(train_file, batch_size=8)
-    )
+    r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, batch_size=8))
     assert r.status_code == 422 and r.json()["error"]["field"] == "batch_size"
     assert "needs 8 training examples per step" in r.json()["error"]["message"]
     assert "has 4" in r.json()["error"]["message"]

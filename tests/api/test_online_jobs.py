@@ -9,7 +9,11 @@ PROMPTS = jsonl([{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in 
 
 def _online(file_id: str, **online) -> dict:
     return job_body(
-        file_id, variant="online+humanline", objective="grpo", max_steps=4, online=online,
+        file_id,
+        variant="online+humanline",
+        objective="grpo",
+        max_steps=4,
+        online=online,
         batch_size=None,  # the default: whole groups of online.num_samples
     )
 
@@ -38,7 +42,9 @@ def test_reward_model_paths_come_from_the_allow_list(client, team_a, settings):
 
 def test_unregistered_reward_is_a_422_with_its_field(client, team_a):
     prompts = upload(client, team_a, PROMPTS).json()["id"]
-    r = client.post("/v1/jobs", headers=team_a.headers, json=_online(prompts, rewards=[{"name": "exec"}]))
+    r = client.post(
+        "/v1/jobs", headers=team_a.headers, json=_online(prompts, rewards=[{"name": "exec"}])
+    )
     assert r.status_code == 422
     assert "unknown reward" in r.text and "online" in r.json()["error"]["field"]
 
@@ -48,16 +54,31 @@ def test_job_evaluations_are_checked_at_submission(client, team_a, team_b, train
 
     mine = upload(client, team_a, EVAL_MATH, purpose="eval").json()["id"]
     theirs = upload(client, team_b, EVAL_MATH, purpose="eval").json()["id"]
-    ok = client.post("/v1/jobs", headers=team_a.headers,
-                     json=job_body(train_file, evaluations=[{"file_id": mine, "kind": "math"}]))
+    ok = client.post(
+        "/v1/jobs",
+        headers=team_a.headers,
+        json=job_body(train_file, evaluations=[{"file_id": mine, "kind": "math"}]),
+    )
     assert ok.status_code == 201, ok.text
     cases = [
         ([{"file_id": theirs, "kind": "math"}], 404, "evaluations.0.file_id"),
-        ([{"file_id": mine, "kind": "math"}, {"file_id": mine, "kind": "instruction",
-          "judge": {"type": "reward_model", "model": "armorm"}}], 422, "evaluations.1.file_id"),
+        (
+            [
+                {"file_id": mine, "kind": "math"},
+                {
+                    "file_id": mine,
+                    "kind": "instruction",
+                    "judge": {"type": "reward_model", "model": "armorm"},
+                },
+            ],
+            422,
+            "evaluations.1.file_id",
+        ),
         ([{"file_id": mine, "kind": "instruction"}], 422, "evaluations"),  # needs a judge
     ]
     for evaluations, status, field in cases:
-        r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, evaluations=evaluations))
+        r = client.post(
+            "/v1/jobs", headers=team_a.headers, json=job_body(train_file, evaluations=evaluations)
+        )
         assert r.status_code == status, (evaluations, r.text)
         assert r.json()["error"]["field"].startswith(field), r.json()

@@ -92,7 +92,8 @@ def test_concurrent_first_enqueues_create_one_celery_client():
         import threading
         from api.queues import CeleryQueue
 
-        queue, barrier, apps, errors = CeleryQueue("redis://127.0.0.1:1/0"), threading.Barrier(16), [], []
+        queue, barrier = CeleryQueue("redis://127.0.0.1:1/0"), threading.Barrier(16)
+        apps, errors = [], []
 
         def first_use():
             barrier.wait()

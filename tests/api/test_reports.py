@@ -16,6 +16,8 @@ from tests.api.conftest import job_body, upload
 from tests.fixtures.rows import DQ, add_evaluation
 
 REPO = Path(__file__).resolve().parents[2]
+
+
 def _trained_job(client, team, db_sessions, variant="offline+humanline", objective="dpo") -> str:
     """A job that ran 5 steps, scored its data and succeeded, as the worker would record it."""
     train = upload(client, team).json()["id"]
@@ -142,7 +144,10 @@ def test_compare_jobs(client, team_a, db_sessions):
 def test_compare_errors(client, team_a, team_b, db_sessions):
     mine = _trained_job(client, team_a, db_sessions)
     theirs = _trained_job(client, team_b, db_sessions)
-    get = lambda **q: client.get("/v1/reports/compare", headers=team_a.headers, params=q)
+
+    def get(**q):
+        return client.get("/v1/reports/compare", headers=team_a.headers, params=q)
+
     r = get(jobs=f"{mine},{theirs}")
     assert r.status_code == 404 and r.json()["error"]["field"] == "jobs" and theirs in r.text
     assert get(jobs=mine, metric="bogus").json()["error"]["field"] == "metric"
@@ -177,17 +182,20 @@ def test_the_api_renders_reports_without_importing_torch(tmp_path):
             f = File(team_id=team.id, filename="x", purpose="train", bytes=1, sha256="0" * 64,
                      format="preference", records=1, status="processed", object_key="k")
             s.add(f); s.flush()
-            job = job_states.create_job(s, team_id=team.id, spec={{"seed": 1, "training_file": f.id}},
+            job = job_states.create_job(s, team_id=team.id,
+                                        spec={{"seed": 1, "training_file": f.id}},
                                         metadata={{}}, training_file_id=f.id)
             job_states.record_metrics(s, job.id, 1, {{"loss": 0.5}})
             s.commit()
             job_id = job.id
-        settings = Settings(DATABASE_URL=url, STORAGE_URL="file://{tmp_path / "objects"}", LOG_LEVEL="WARNING")
+        settings = Settings(DATABASE_URL=url, STORAGE_URL="file://{tmp_path / "objects"}",
+                            LOG_LEVEL="WARNING")
         client = TestClient(create_app(settings, session_factory=sessions))
         h = {{"Authorization": "Bearer " + key}}
         assert client.get(f"/v1/jobs/{{job_id}}/report?format=html", headers=h).status_code == 200
         assert client.get(f"/v1/reports/compare?jobs={{job_id}}", headers=h).status_code == 200
-        print(json.dumps({{"torch": "torch" in sys.modules, "matplotlib": "matplotlib" in sys.modules}}))
+        print(json.dumps({{"torch": "torch" in sys.modules,
+                          "matplotlib": "matplotlib" in sys.modules}}))
         """
     ).replace("import sys\n", "import sys, json\n", 1)
     out = subprocess.run(

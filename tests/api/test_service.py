@@ -59,24 +59,35 @@ def _revoke_all(db_sessions, team_id: str) -> None:
 
 
 def test_revoked_key_is_401_at_once_without_key_cache(settings, store, queue, db_sessions, team_a):
-    app = create_app(settings.model_copy(update={"AUTH_CACHE_SECONDS": 0}), store=store, queue=queue,
-                     session_factory=db_sessions)
+    app = create_app(
+        settings.model_copy(update={"AUTH_CACHE_SECONDS": 0}),
+        store=store,
+        queue=queue,
+        session_factory=db_sessions,
+    )
     client = TestClient(app)
     assert client.get("/v1/files", headers=team_a.headers).status_code == 200
     _revoke_all(db_sessions, team_a.id)
     _assert_error(client.get("/v1/files", headers=team_a.headers), 401)
 
 
-def test_revoked_key_is_401_once_its_cache_entry_expires(settings, store, queue, db_sessions, team_a):
+def test_revoked_key_is_401_once_its_cache_entry_expires(
+    settings, store, queue, db_sessions, team_a
+):
     """The documented trade-off of AUTH_CACHE_SECONDS: a verified key is trusted that long."""
     ttl = 0.5
-    app = create_app(settings.model_copy(update={"AUTH_CACHE_SECONDS": ttl}), store=store, queue=queue,
-                     session_factory=db_sessions)
+    app = create_app(
+        settings.model_copy(update={"AUTH_CACHE_SECONDS": ttl}),
+        store=store,
+        queue=queue,
+        session_factory=db_sessions,
+    )
     client = TestClient(app)
     verified = time.monotonic()
     assert client.get("/v1/files", headers=team_a.headers).status_code == 200
     _revoke_all(db_sessions, team_a.id)
-    if time.monotonic() - verified < ttl * 0.8:  # still inside the window (a slow machine may not be)
+    # still inside the window (a slow machine may not be)
+    if time.monotonic() - verified < ttl * 0.8:
         assert client.get("/v1/files", headers=team_a.headers).status_code == 200
     time.sleep(max(0.0, verified + ttl - time.monotonic()) + 0.05)
     _assert_error(client.get("/v1/files", headers=team_a.headers), 401)

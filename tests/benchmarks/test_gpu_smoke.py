@@ -14,7 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import gpu_smoke
+import gpu_smoke  # noqa: E402 - benchmarks/ is on sys.path only from the line above
 
 PARTS = ("bf16", "overhead", "fsdp", "online", "trl", "mfu", "vllm")
 

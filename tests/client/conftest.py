@@ -25,14 +25,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-try:
-    import humanline_client  # noqa: F401 - installed (make install: pip install -e ./client)
-except ImportError:  # the repo is not pip-installed: use the source tree
-    sys.path.insert(0, str(ROOT / "client"))
-
 from api.main import create_app
-from humanline_client import Client
 from models import jobs as job_states
 from models.base import Base
 from models.db import make_engine, make_session_factory
@@ -42,6 +35,14 @@ from models.teams import create_api_key, create_team
 from storage import open_store
 from storage.keys import checkpoint_prefix, job_prefix
 from tests.fixtures.live import bound_socket, serve_in_thread
+
+ROOT = Path(__file__).resolve().parents[2]
+try:
+    import humanline_client  # noqa: F401 - installed (make install: pip install -e ./client)
+except ImportError:  # the repo is not pip-installed: use the source tree
+    sys.path.insert(0, str(ROOT / "client"))
+
+from humanline_client import Client  # noqa: E402 - may need the client/ path added above
 
 MAX_JOBS_PER_TEAM = 6
 

@@ -7,6 +7,7 @@ import io
 import time
 
 import pytest
+
 from humanline_client import (
     APIConnectionError,
     AsyncClient,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from humanline_client.cli import app
 from typer.testing import CliRunner
+
+from humanline_client.cli import app
 
 from .conftest import PREFERENCE
 

@@ -8,6 +8,7 @@ import io
 import json
 
 import pytest
+
 from humanline_client._progress import PlainProgress, make_progress
 from humanline_client.resources._job_wait import Tracker
 from humanline_client.types import Job, JobEvent

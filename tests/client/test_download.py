@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from humanline_client import AsyncClient, HumanlineError
 from humanline_client.resources.jobs import FileDownload
 

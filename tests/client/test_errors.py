@@ -5,6 +5,7 @@ statuses it never sends (403, 500)."""
 from __future__ import annotations
 
 import pytest
+
 from humanline_client import (
     APIConnectionError,
     APIStatusError,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from humanline_client import Client
 
 from .conftest import MODEL_FILES, ROOT, serve

@@ -7,6 +7,7 @@ import io
 import itertools
 
 import pytest
+
 from humanline_client import (
     ConflictError,
     CursorPage,

@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+
 from humanline_client import APITimeoutError, ConflictError, InternalServerError, NotFoundError
 from humanline_client._base_client import SyncAPIClient, _retry_after, should_retry
 

@@ -10,11 +10,11 @@ import typing
 from typing import Any
 
 import pytest
+
+from contract.spec import JobSpec
 from humanline_client import AsyncClient, Client
 from humanline_client._resource import REQUEST_OPTIONS
 from humanline_client.resources.jobs import _Jobs
-
-from contract.spec import JobSpec
 
 SCHEMA = JobSpec.model_json_schema()
 DEFS = SCHEMA["$defs"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+
 from humanline_client import AsyncClient, AsyncJobEventStream, Client, JobEventStream
 from humanline_client._methods import endpoint, paged, twin
 

@@ -15,7 +15,11 @@ from contract.data import (
 
 def validate(lines):
     v = JsonlValidator()
-    records = [r for r in (v.feed(x if isinstance(x, bytes) else json.dumps(x).encode()) for x in lines) if r]
+    records = [
+        r
+        for r in (v.feed(x if isinstance(x, bytes) else json.dumps(x).encode()) for x in lines)
+        if r
+    ]
     return v.finish(), records
 
 
@@ -31,8 +35,20 @@ def test_every_format_is_detected_and_normalised():
     for fmt, rec in cases.items():
         report, records = validate([rec])
         assert report.ok and report.format == fmt, fmt
-    report, (rec,) = validate([{"input": {"messages": msgs}, "preferred_output": [{"role": "assistant", "content": "a"}], "non_preferred_output": [{"role": "assistant", "content": "b"}]}])
-    assert report.format == "preference" and rec["prompt"] == msgs and rec["chosen"][0]["content"] == "a"
+    report, (rec,) = validate(
+        [
+            {
+                "input": {"messages": msgs},
+                "preferred_output": [{"role": "assistant", "content": "a"}],
+                "non_preferred_output": [{"role": "assistant", "content": "b"}],
+            }
+        ]
+    )
+    assert (
+        report.format == "preference"
+        and rec["prompt"] == msgs
+        and rec["chosen"][0]["content"] == "a"
+    )
     report, (rec,) = validate([{"prompt": "p", "answer": 4, "difficulty": "easy"}])
     assert rec["answer"] == "4" and rec["difficulty"] == "easy"
 
@@ -46,10 +62,27 @@ def test_every_format_is_detected_and_normalised():
         (json.dumps({"prompt": "p", "chosen": "", "rejected": "b"}).encode(), "chosen"),
         (json.dumps({"prompt": "p", "chosen": "a", "rejected": 3}).encode(), "rejected"),
         (json.dumps({"prompt": "p", "completion": "a", "label": "yes"}).encode(), "label"),
-        (json.dumps({"prompt": [{"role": "bot", "content": "x"}], "chosen": [{"role": "assistant", "content": "a"}], "rejected": [{"role": "assistant", "content": "b"}]}).encode(), "prompt[0].role"),
-        (json.dumps({"prompt": "p", "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"}).encode(), "rejected"),
+        (
+            json.dumps(
+                {
+                    "prompt": [{"role": "bot", "content": "x"}],
+                    "chosen": [{"role": "assistant", "content": "a"}],
+                    "rejected": [{"role": "assistant", "content": "b"}],
+                }
+            ).encode(),
+            "prompt[0].role",
+        ),
+        (
+            json.dumps(
+                {"prompt": "p", "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"}
+            ).encode(),
+            "rejected",
+        ),
         (b"\xff\xfe{}", "(line)"),
-        (json.dumps({"prompt": "p", "completion": "a", "label": True}).encode(), "(columns)"),  # mixed
+        (  # mixed
+            json.dumps({"prompt": "p", "completion": "a", "label": True}).encode(),
+            "(columns)",
+        ),
     ],
 )
 def test_bad_lines_name_line_and_field(line, field):
@@ -115,12 +148,16 @@ def test_a_tighter_line_limit_names_the_line():
     "record",
     [
         {"prompt": "Q", "chosen": "same", "rejected": "same"},
-        {"prompt": [{"role": "user", "content": "Q"}],
-         "chosen": [{"role": "assistant", "content": "A"}],
-         "rejected": [{"role": "assistant", "content": "A"}]},
-        {"input": {"messages": [{"role": "user", "content": "Q"}]},
-         "preferred_output": [{"role": "assistant", "content": "A"}],
-         "non_preferred_output": [{"role": "assistant", "content": "A"}]},
+        {
+            "prompt": [{"role": "user", "content": "Q"}],
+            "chosen": [{"role": "assistant", "content": "A"}],
+            "rejected": [{"role": "assistant", "content": "A"}],
+        },
+        {
+            "input": {"messages": [{"role": "user", "content": "Q"}]},
+            "preferred_output": [{"role": "assistant", "content": "A"}],
+            "non_preferred_output": [{"role": "assistant", "content": "A"}],
+        },
     ],
 )
 def test_a_pair_whose_answers_are_identical_is_refused(record):
@@ -147,14 +184,25 @@ def test_visible_text_with_controls_around_it_is_kept():
 def test_every_error_of_a_line_is_reported_with_its_field():
     report, _ = validate([{"prompt": 3, "chosen": "", "rejected": None}])
     assert [(e.line, e.field) for e in report.errors] == [
-        (1, "prompt"), (1, "chosen"), (1, "rejected"),
+        (1, "prompt"),
+        (1, "chosen"),
+        (1, "rejected"),
     ]
     report, _ = validate([{"prompt": "", "completion": 5, "label": "yes"}])
     assert [e.field for e in report.errors] == ["prompt", "completion", "label"]
-    report, _ = validate([{"input": {"messages": []}, "preferred_output": " ",
-                        "non_preferred_output": [{"role": "bot", "content": "y"}]}])
+    report, _ = validate(
+        [
+            {
+                "input": {"messages": []},
+                "preferred_output": " ",
+                "non_preferred_output": [{"role": "bot", "content": "y"}],
+            }
+        ]
+    )
     assert [e.field for e in report.errors] == [
-        "input.messages", "preferred_output", "non_preferred_output[0].role",
+        "input.messages",
+        "preferred_output",
+        "non_preferred_output[0].role",
     ]
 
 
@@ -172,11 +220,13 @@ def test_every_bad_message_is_an_error_up_to_the_cap_per_line():
 
 
 def test_unknown_columns_are_warnings_not_errors():
-    report, _ = validate([
-        {"prompt": "Q", "chosen": "a", "rejected": "b", "score": 3},
-        {"prompt": "Q", "chosen": "a", "rejected": "b", "score": 4, "source": "web"},
-        {"prompt": "Q", "chosen": "a", "rejected": "c"},
-    ])
+    report, _ = validate(
+        [
+            {"prompt": "Q", "chosen": "a", "rejected": "b", "score": 3},
+            {"prompt": "Q", "chosen": "a", "rejected": "b", "score": 4, "source": "web"},
+            {"prompt": "Q", "chosen": "a", "rejected": "c"},
+        ]
+    )
     assert report.ok and report.records == 3
     assert report.warnings == [
         "line 1: unknown column 'score' is ignored",

@@ -40,8 +40,15 @@ def test_sync_policy_is_the_one_decision():
     assert not any(hl.after_update(s) for s in range(1, 8))
     assert [s for s in range(1, 8) if tr.after_update(s)] == [3, 6]
     assert (hl.reach(3, 100), hl.reach(4, 5), none.reach(0, 40)) == (6, 5, 40)
-    assert (hl.moves, tr.moves, none.moves, SyncPolicy("none", online=True).moves) == (True, True, False, True)
-    assert spec(variant="offline+humanline", humanline_params={"sync_every": 4}).sync_policy == SyncPolicy("humanline", 4)
+    assert (hl.moves, tr.moves, none.moves, SyncPolicy("none", online=True).moves) == (
+        True,
+        True,
+        False,
+        True,
+    )
+    assert spec(
+        variant="offline+humanline", humanline_params={"sync_every": 4}
+    ).sync_policy == SyncPolicy("humanline", 4)
 
 
 # ---- 2. batch units: DPO pairs, KTO examples, GRPO sequences -----------------------------------
@@ -90,7 +97,7 @@ def test_schedule_is_warmup_then_constant_and_the_old_one_stays_selectable():
     assert spec(optim={"schedule": "linear"}).optim.schedule == "linear"
 
 
-# ---- 4. humanline sampling defaults ---------------------------------------------------------------
+# ---- 4. humanline sampling defaults -------------------------------------------------------------
 def test_humanline_sample_defaults_are_the_authors():
     """HALOs (research branch) ``get_humanline_mask``: M = the batch's largest ratio; the Beta
     defaults γ_P 0.5, γ_R 0.01, β_P = β_R = 1. Clip stays the default mode (paper §4)."""
@@ -104,14 +111,29 @@ def test_humanline_sample_defaults_are_the_authors():
 
 # ---- 5. presets ---------------------------------------------------------------------------------
 def test_math_preset_is_the_papers_math_setup():
-    """Table tab:hyperparams_math and the authors' recipe config_humanline_64_150_150_12_1e-6.yaml."""
+    """Table tab:hyperparams_math and the authors' recipe
+    config_humanline_64_150_150_12_1e-6.yaml."""
     s = spec("grpo", variant="online+humanline", max_steps=10, preset="math")
     o, on = s.optim, s.online
-    assert (s.lr, s.global_batch_size, s.objective.beta_kl, o.eps, o.weight_decay) == (1e-6, 256, 1e-4, 1e-8, 0.0)
+    assert (s.lr, s.global_batch_size, s.objective.beta_kl, o.eps, o.weight_decay) == (
+        1e-6,
+        256,
+        1e-4,
+        1e-8,
+        0.0,
+    )
     assert 12 <= s.humanline_params.sync_every <= 24
     assert (on.num_samples, on.temperature, on.top_p, on.max_new_tokens) == (8, 0.7, 1.0, 2048)
-    assert [(r.name, r.weight) for r in on.rewards] == [("tag_count", 1.0), ("format", 1.0), ("math_accuracy", 8.0)]
-    assert (on.zero_variance_groups, on.divide_logits_by_temperature, s.logps_temperature) == ("keep", True, 0.7)
+    assert [(r.name, r.weight) for r in on.rewards] == [
+        ("tag_count", 1.0),
+        ("format", 1.0),
+        ("math_accuracy", 8.0),
+    ]
+    assert (on.zero_variance_groups, on.divide_logits_by_temperature, s.logps_temperature) == (
+        "keep",
+        True,
+        0.7,
+    )
     assert (s.max_prompt_length, s.max_length) == (512, 2560)
     assert (s.grpo_epsilon, o.schedule, o.max_grad_norm) == (0.15, "constant_with_warmup", 1.0)
 
@@ -122,18 +144,40 @@ def test_instruction_preset_is_the_plain_defaults():
         assert spec(objective, preset="instruction") == spec(objective)
     s = spec("grpo", variant="online", max_steps=4)
     assert (s.preset, s.lr, s.optim.eps, s.optim.weight_decay, s.humanline_params.sync_every) == (
-        "instruction", 5e-6, 1e-5, 0.01, 1)
-    assert (s.online.top_p, s.online.zero_variance_groups, s.logps_temperature) == (0.95, "drop", 1.0)
+        "instruction",
+        5e-6,
+        1e-5,
+        0.01,
+        1,
+    )
+    assert (s.online.top_p, s.online.zero_variance_groups, s.logps_temperature) == (
+        0.95,
+        "drop",
+        1.0,
+    )
 
 
 def test_an_explicit_field_always_wins_over_the_preset():
-    s = spec({"name": "grpo", "beta_kl": 0.02}, variant="online+humanline", max_steps=10, preset="math",
-             optim={"lr": 3e-6}, batch_size=64, humanline_params={"sync_every": 20},
-             online={"top_p": 0.9, "zero_variance_groups": "drop", "num_samples": 4})
+    s = spec(
+        {"name": "grpo", "beta_kl": 0.02},
+        variant="online+humanline",
+        max_steps=10,
+        preset="math",
+        optim={"lr": 3e-6},
+        batch_size=64,
+        humanline_params={"sync_every": 20},
+        online={"top_p": 0.9, "zero_variance_groups": "drop", "num_samples": 4},
+    )
     assert (s.lr, s.optim.eps, s.global_batch_size, s.objective.beta_kl) == (3e-6, 1e-8, 64, 0.02)
-    assert (s.humanline_params.sync_every, s.online.top_p, s.online.zero_variance_groups) == (20, 0.9, "drop")
+    assert (s.humanline_params.sync_every, s.online.top_p, s.online.zero_variance_groups) == (
+        20,
+        0.9,
+        "drop",
+    )
     assert (s.online.num_samples, s.online.temperature) == (4, 0.7)
-    nulls = spec("grpo", variant="online", max_steps=4, preset="math", batch_size=None, optim={"lr": None})
+    nulls = spec(
+        "grpo", variant="online", max_steps=4, preset="math", batch_size=None, optim={"lr": None}
+    )
     assert (nulls.global_batch_size, nulls.lr) == (256, 1e-6)  # null = "the default": the preset's
     # offline jobs take the preset's optimiser and batch but have no sampling to configure
     off = spec("dpo", preset="math")
@@ -143,7 +187,7 @@ def test_an_explicit_field_always_wins_over_the_preset():
     assert err.value.errors()[0]["loc"] == ("preset",)
 
 
-# ---- 8. resolved values -------------------------------------------------------------------------------
+# ---- 8. resolved values -------------------------------------------------------------------------
 @pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
 @pytest.mark.parametrize("variant", ["offline", "offline+humanline", "online+humanline"])
 def test_resolved_spec_has_no_default_left_and_resolves_to_itself(objective, variant):
@@ -161,8 +205,18 @@ def test_resolved_spec_has_no_default_left_and_resolves_to_itself(objective, var
 def test_summary_names_each_resolved_value():
     got = spec("grpo", variant="offline+humanline").summary(312)
     assert got == {
-        "preset": "instruction", "variant": "offline+humanline", "objective": "grpo", "lr": 5e-6,
-        "batch_size": 64, "batch_unit": "sequences", "group_size": 2, "examples_per_batch": 32,
-        "total_steps": 312, "epsilon": 0.15, "schedule": "constant_with_warmup", "warmup_ratio": 0.1,
-        "reference_sync": "humanline", "sync_every": 1,
+        "preset": "instruction",
+        "variant": "offline+humanline",
+        "objective": "grpo",
+        "lr": 5e-6,
+        "batch_size": 64,
+        "batch_unit": "sequences",
+        "group_size": 2,
+        "examples_per_batch": 32,
+        "total_steps": 312,
+        "epsilon": 0.15,
+        "schedule": "constant_with_warmup",
+        "warmup_ratio": 0.1,
+        "reference_sync": "humanline",
+        "sync_every": 1,
     }

@@ -13,10 +13,15 @@ def spec(**kw):
 
 def test_default_is_ddp_and_fsdp_is_accepted():
     assert spec().parallelism.strategy == "ddp" and not spec().parallelism.fsdp
-    p = spec(parallelism={"strategy": "fsdp", "reshard_after_forward": False}, adapter={"kind": "lora"},
-             precision="bf16").parallelism
+    p = spec(
+        parallelism={"strategy": "fsdp", "reshard_after_forward": False},
+        adapter={"kind": "lora"},
+        precision="bf16",
+    ).parallelism
     assert p.fsdp and p.reshard_after_forward is False
-    assert JobSpec.model_validate_json(spec(parallelism={"strategy": "fsdp"}).model_dump_json()).parallelism.fsdp
+    assert JobSpec.model_validate_json(
+        spec(parallelism={"strategy": "fsdp"}).model_dump_json()
+    ).parallelism.fsdp
 
 
 @pytest.mark.parametrize(
@@ -24,7 +29,10 @@ def test_default_is_ddp_and_fsdp_is_accepted():
     [
         ({"parallelism": {"strategy": "zero3"}}, "parallelism.strategy"),
         ({"parallelism": {"strategy": "fsdp", "cpu_offload": True}}, "parallelism.cpu_offload"),
-        ({"parallelism": {"strategy": "fsdp"}, "variant": "online", "max_steps": 2}, "offline data only"),
+        (
+            {"parallelism": {"strategy": "fsdp"}, "variant": "online", "max_steps": 2},
+            "offline data only",
+        ),
         ({"parallelism": {"strategy": "fsdp"}, "precision": "fp16"}, "use precision 'bf16'"),
     ],
 )
@@ -36,5 +44,8 @@ def test_invalid_parallelism_is_rejected_with_the_field(kw, where):
 
 
 def test_online_and_fp16_stay_fine_with_ddp():
-    assert spec(variant="online", max_steps=2, parallelism={"strategy": "ddp"}).parallelism.strategy == "ddp"
+    assert (
+        spec(variant="online", max_steps=2, parallelism={"strategy": "ddp"}).parallelism.strategy
+        == "ddp"
+    )
     assert spec(precision="fp16").parallelism.strategy == "ddp"

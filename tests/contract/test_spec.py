@@ -14,18 +14,34 @@ def spec(**kw):
 def test_paper_defaults_per_objective():
     dpo, kto, grpo = spec(), spec(objective="kto"), spec(objective="grpo")
     assert (dpo.lr, dpo.global_batch_size, dpo.objective.beta) == (5e-6, 32, 0.1)
-    assert (kto.global_batch_size, kto.objective.beta, kto.objective.lambda_d, kto.objective.lambda_u) == (64, 0.25, 1.1, 1.0)
+    assert (
+        kto.global_batch_size,
+        kto.objective.beta,
+        kto.objective.lambda_d,
+        kto.objective.lambda_u,
+    ) == (64, 0.25, 1.1, 1.0)
     assert grpo.grpo_epsilon == 0.5  # offline GRPO uses the larger ε
     assert spec(objective={"name": "grpo", "epsilon": 0.2}).grpo_epsilon == 0.2
     hp = dpo.humanline_params
     assert (hp.log_eps_P, hp.log_eps_R, hp.sync_every, hp.mode) == (-1.5, 1.5, 1, "clip")
     o = dpo.optim
-    assert (o.betas, o.eps, o.weight_decay, o.warmup_ratio, o.max_grad_norm) == ((0.9, 0.999), 1e-5, 0.01, 0.1, 1.0)
+    assert (o.betas, o.eps, o.weight_decay, o.warmup_ratio, o.max_grad_norm) == (
+        (0.9, 0.999),
+        1e-5,
+        0.01,
+        0.1,
+        1.0,
+    )
 
 
 def test_variant_shorthand_and_sync_default():
     s = spec(variant="offline+humanline")
-    assert (s.data_source, s.humanline, s.sync, s.variant) == ("offline", True, "humanline", "offline+humanline")
+    assert (s.data_source, s.humanline, s.sync, s.variant) == (
+        "offline",
+        True,
+        "humanline",
+        "offline+humanline",
+    )
     assert spec().sync == "none"
     assert spec(humanline=True, reference_sync="trust_region").sync == "trust_region"
 
@@ -53,6 +69,9 @@ def test_invalid_specs_are_rejected_with_the_reason(kw, where):
 
 def test_load_spec_yaml(tmp_path):
     p = tmp_path / "s.yaml"
-    p.write_text("base_model: tiny-llama\ntraining_file: d.jsonl\nobjective: {name: kto, beta: 0.5}\nvariant: offline+humanline\n")
+    p.write_text(
+        "base_model: tiny-llama\ntraining_file: d.jsonl\nobjective: {name: kto, beta: 0.5}\n"
+        "variant: offline+humanline\n"
+    )
     s = load_spec(p)
     assert s.objective.name == "kto" and s.objective.beta == 0.5 and s.humanline

@@ -1,5 +1,6 @@
 """Evaluation fixtures: the local OpenAI-compatible server (a real tiny-llama behind real
-HTTP), a scripted misbehaving server, and a tiny reward model (headless Chromium: tests.fixtures.browser)."""
+HTTP), a scripted misbehaving server, and a tiny reward model (headless Chromium:
+tests.fixtures.browser)."""
 
 from __future__ import annotations
 

@@ -208,7 +208,7 @@ def test_reward_model_judge_prefers_the_higher_score_and_is_symmetric(reward_mod
     scores = judge.score([(PAIR.instruction, a) for a in answers])
     assert len(set(scores)) == len(scores)  # a random model still tells them apart
     pairs = [Pair(PAIR.instruction, a, b) for a in answers for b in answers if a != b]
-    for p, v in zip(pairs, judge.judge(pairs)):
+    for p, v in zip(pairs, judge.judge(pairs), strict=False):
         sa, sb = scores[answers.index(p.a)], scores[answers.index(p.b)]
         assert v.verdict == ("A" if sa > sb else "B")
     assert judge.judge([Pair("q", "same", "same")])[0].verdict == "tie"

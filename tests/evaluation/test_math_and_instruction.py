@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.data import read_jsonl
 from trainer.evaluation.generation import Sample
 from trainer.evaluation.instruction import evaluate_instructions
 from trainer.evaluation.judges import Judgement, Pair, RewardModelJudge
 from trainer.evaluation.math import DEFAULT_PROMPT, evaluate_math
-from contract.data import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_SET = REPO / "examples" / "data" / "math_eval_small.jsonl"
@@ -82,7 +82,7 @@ def test_math_eval_scores_a_scripted_generator_exactly():
     # breakdown by level and subject
     levels = {r["level"] for r in records}
     assert set(doc["breakdown"]["level"]) == levels
-    lvl1 = [p for p, r in zip(per_problem, records) if r["level"] == "1"]
+    lvl1 = [p for p, r in zip(per_problem, records, strict=True) if r["level"] == "1"]
     assert doc["breakdown"]["level"]["1"]["value"] == pytest.approx(np.mean(lvl1))
     # the prompt: the problem in the default template, one user turn
     assert gen.calls[0]["prompts"][0] == DEFAULT_PROMPT.replace("{problem}", records[0]["problem"])

@@ -14,8 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from models.tables import File
-from tests.api.conftest import stored_objects, upload
 from contract.data import (
     EVAL_FORMATS,
     MAX_ERRORS,
@@ -25,6 +23,8 @@ from contract.data import (
     iter_lines,
     parse_line,
 )
+from models.tables import File
+from tests.api.conftest import stored_objects, upload
 
 FUZZ_EXAMPLES = 2000
 ENDPOINT_EXAMPLES = 200

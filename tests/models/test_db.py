@@ -20,7 +20,9 @@ def _terminate(pid: int) -> None:
     admin = _admin_engine()
     try:
         with admin.connect() as conn:
-            assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+            assert conn.execute(
+                text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}
+            ).scalar_one()
     finally:
         admin.dispose()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 
-import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config

@@ -220,7 +220,7 @@ def test_every_page_records_the_code_version():
     assert "code version git:abc123" in pages[0] and "code version git:eval99" in pages[2]
 
 
-# --- in headless Chromium: every plot has data and labelled axes -----------------------------------
+# --- in headless Chromium: every plot has data and labelled axes ---------------------------------
 
 PAGES = {
     "job-dpo": (lambda: render_job_html(_job_report()), 9),

@@ -33,7 +33,9 @@ def _at(seconds: float) -> datetime:
 
 
 def _events() -> list[dict]:
-    status = lambda f, t, s: {"kind": "status", "data": {"from": f, "to": t}, "time": _at(s)}
+    def status(f, t, s):
+        return {"kind": "status", "data": {"from": f, "to": t}, "time": _at(s)}
+
     return [
         {"kind": "created", "data": {}, "time": _at(0)},
         status("validating", "queued", 0),
@@ -416,7 +418,7 @@ def test_evaluation_pages():
         assert XSS not in html
 
 
-# --- in a real browser ------------------------------------------------------------------------------
+# --- in a real browser ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("page", ["job", "comparison", "instruction", "math"])

@@ -26,7 +26,7 @@ def test_other_teams_get_404_on_every_route_and_no_data(client, team_a, team_b, 
     )
     assert client.get(f"/v1/files/{world.train}", headers=team_a.headers).status_code == 200
     # and the owner does see all of it
-    for method, path, params, body in every_route(world):
+    for method, path, params, _body in every_route(world):
         if method == "GET" and "stream" not in path:
             r = client.get(path, headers=team_a.headers, params=params)
             assert r.status_code == 200, (path, r.text)

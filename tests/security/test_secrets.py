@@ -39,7 +39,7 @@ def test_api_keys_and_secrets_never_logged_nor_returned(client, app, team_a, tea
             responses.append(client.get(path, headers=team_a.headers))
         responses.append(client.post("/v1/jobs", headers=team_a.headers, content=b"{not json"))
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(level)
     logged = "\n".join(handler.lines) + capsys.readouterr().out + capsys.readouterr().err

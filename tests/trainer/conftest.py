@@ -27,12 +27,16 @@ def _model_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pref_file(tmp_path_factory) -> Path:
-    return write_jsonl(tmp_path_factory.mktemp("data") / "pref.jsonl", preference_records(64, seed=1))
+    return write_jsonl(
+        tmp_path_factory.mktemp("data") / "pref.jsonl", preference_records(64, seed=1)
+    )
 
 
 @pytest.fixture(scope="session")
 def unpaired_file(tmp_path_factory) -> Path:
-    return write_jsonl(tmp_path_factory.mktemp("data") / "unpaired.jsonl", unpaired_records(64, seed=2))
+    return write_jsonl(
+        tmp_path_factory.mktemp("data") / "unpaired.jsonl", unpaired_records(64, seed=2)
+    )
 
 
 @pytest.fixture

@@ -37,7 +37,19 @@ def test_two_processes_match_one(tmp_path, pref_file, unpaired_file, objective):
         "variant: offline+humanline\nbatch_size: 4\nmax_steps: 4\nmax_length: 96\n"
         "max_prompt_length: 48\nquality_sample: 0\noptim: {lr: 0.003, warmup_ratio: 0.0}\n"
     )
-    one = _run([sys.executable, "-m", "trainer", "run", str(spec), "--out", str(tmp_path / "one"), "--no-progress"], tmp_path / "one")
+    one = _run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "run",
+            str(spec),
+            "--out",
+            str(tmp_path / "one"),
+            "--no-progress",
+        ],
+        tmp_path / "one",
+    )
     # the worker's own argv for 2 CPU ranks (`accelerate launch --cpu` would start only one)
     place = Placement(2, cpu=True)
     argv = trainer_command(sys.executable, spec, tmp_path / "two", resume=False, place=place)
@@ -45,4 +57,7 @@ def test_two_processes_match_one(tmp_path, pref_file, unpaired_file, objective):
     assert (_world_size(tmp_path / "one"), _world_size(tmp_path / "two")) == (1, 2)
     assert one.keys() == two.keys()
     for k in one:
-        assert torch.allclose(one[k], two[k], atol=2e-5, rtol=1e-4), (k, (one[k] - two[k]).abs().max())
+        assert torch.allclose(one[k], two[k], atol=2e-5, rtol=1e-4), (
+            k,
+            (one[k] - two[k]).abs().max(),
+        )

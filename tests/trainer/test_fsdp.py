@@ -39,7 +39,9 @@ def assert_close(a: dict, b: dict, atol: float) -> None:
 
 
 def fsdp(spec: JobSpec) -> JobSpec:
-    return spec.model_copy(update={"parallelism": spec.parallelism.model_copy(update={"strategy": "fsdp"})})
+    return spec.model_copy(
+        update={"parallelism": spec.parallelism.model_copy(update={"strategy": "fsdp"})}
+    )
 
 
 def run_two(spec: JobSpec, out: Path, resume: bool = False) -> None:
@@ -84,24 +86,41 @@ def test_one_process_fsdp_equals_the_plain_run(tmp_path, make_spec, unpaired_fil
     assert state["parallelism"] == "fsdp"
 
 
-
 @pytest.mark.parametrize("adapter", [{"kind": "none"}, LORA], ids=["full", "lora"])
 def test_one_process_fsdp_resumes_bitwise(tmp_path, make_spec, adapter):
-    spec = fsdp(make_spec(variant="offline+humanline", adapter=adapter, max_steps=4, checkpoint_every=2,
-                          optim={"lr": 3e-3, "warmup_ratio": 0.0}, quality_sample=0))
+    spec = fsdp(
+        make_spec(
+            variant="offline+humanline",
+            adapter=adapter,
+            max_steps=4,
+            checkpoint_every=2,
+            optim={"lr": 3e-3, "warmup_ratio": 0.0},
+            quality_sample=0,
+        )
+    )
     train(spec, tmp_path / "whole", progress=False)
-    shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-2", tmp_path / "part" / "checkpoints" / "step-2")
+    shutil.copytree(
+        tmp_path / "whole" / "checkpoints" / "step-2", tmp_path / "part" / "checkpoints" / "step-2"
+    )
     train(spec, tmp_path / "part", resume=True, progress=False)
     whole, resumed = weights(tmp_path / "whole", 4), weights(tmp_path / "part", 4)
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert not all(torch.equal(whole[k], weights(tmp_path / "whole", 2)[k]) for k in whole)
 
+
 @pytest.mark.slow
 def test_two_processes_match_one_resume_bitwise_and_export_loads(tmp_path, make_spec):
     from transformers import AutoModelForCausalLM
 
-    spec = make_spec(variant="offline+humanline", batch_size=8, grad_accum=2, max_steps=4, checkpoint_every=2,
-                     optim={"lr": 3e-3, "warmup_ratio": 0.0}, quality_sample=4)
+    spec = make_spec(
+        variant="offline+humanline",
+        batch_size=8,
+        grad_accum=2,
+        max_steps=4,
+        checkpoint_every=2,
+        optim={"lr": 3e-3, "warmup_ratio": 0.0},
+        quality_sample=4,
+    )
     train(spec, tmp_path / "one", progress=False)
     run_two(fsdp(spec), tmp_path / "two")
     assert_close(weights(tmp_path / "one", 4), weights(tmp_path / "two", 4), atol=2e-5)
@@ -116,8 +135,12 @@ def test_two_processes_match_one_resume_bitwise_and_export_loads(tmp_path, make_
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert not (part / "checkpoints/step-4/optimizer.pt").exists()  # AdamW state stays sharded
     for rank in (0, 1):
-        opt_a = torch.load(tmp_path / "two" / f"checkpoints/step-4/optimizer-rank-{rank}.pt", weights_only=False)
-        opt_b = torch.load(part / f"checkpoints/step-4/optimizer-rank-{rank}.pt", weights_only=False)
+        opt_a = torch.load(
+            tmp_path / "two" / f"checkpoints/step-4/optimizer-rank-{rank}.pt", weights_only=False
+        )
+        opt_b = torch.load(
+            part / f"checkpoints/step-4/optimizer-rank-{rank}.pt", weights_only=False
+        )
         assert opt_a["state"].keys() == opt_b["state"].keys() and opt_a["state"]
         for i, s in opt_a["state"].items():
             assert torch.equal(s["exp_avg"], opt_b["state"][i]["exp_avg"]), i
@@ -134,15 +157,24 @@ def test_two_processes_match_one_resume_bitwise_and_export_loads(tmp_path, make_
 
 
 @pytest.mark.slow
-def test_two_processes_lora_match_one_and_export_loads_with_peft(tmp_path, make_spec, unpaired_file):
+def test_two_processes_lora_match_one_and_export_loads_with_peft(
+    tmp_path, make_spec, unpaired_file
+):
     from peft import PeftModel
-
-    from trainer.modeling import resolve_model
     from peft.utils import get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    spec = make_spec(objective="kto", training_file=str(unpaired_file), adapter=LORA, variant="offline",
-                     max_steps=3, optim={"lr": 3e-3, "warmup_ratio": 0.0}, quality_sample=4)
+    from trainer.modeling import resolve_model
+
+    spec = make_spec(
+        objective="kto",
+        training_file=str(unpaired_file),
+        adapter=LORA,
+        variant="offline",
+        max_steps=3,
+        optim={"lr": 3e-3, "warmup_ratio": 0.0},
+        quality_sample=4,
+    )
     train(spec, tmp_path / "one", progress=False)
     run_two(fsdp(spec), tmp_path / "two")
     trained = weights(tmp_path / "two", 3)
@@ -159,4 +191,3 @@ def test_two_processes_lora_match_one_and_export_loads_with_peft(tmp_path, make_
     assert exported.keys() == trained.keys()
     for k, v in trained.items():
         assert torch.equal(exported[k], v), k
-

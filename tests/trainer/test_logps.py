@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contract.spec import JobSpec
 from trainer.logps import token_logps
 from trainer.modeling import load_policy, resolve_model
-from contract.spec import JobSpec
 from trainer.tokenize import TokenSeq, collate
 
 PAD = 0
@@ -25,22 +25,30 @@ def _seqs() -> list[TokenSeq]:
     p1, p2, p3 = ids(9), ids(4), ids(13)
     # a DPO-like layout (all chosen, then all rejected) plus a group of three and a loner
     return [
-        TokenSeq(p1, ids(5)), TokenSeq(p2, ids(11)),
-        TokenSeq(p1, ids(8)), TokenSeq(p2, ids(2)),
-        TokenSeq(p3, ids(6)), TokenSeq(p3, ids(1)), TokenSeq(p3, ids(7)),
+        TokenSeq(p1, ids(5)),
+        TokenSeq(p2, ids(11)),
+        TokenSeq(p1, ids(8)),
+        TokenSeq(p2, ids(2)),
+        TokenSeq(p3, ids(6)),
+        TokenSeq(p3, ids(1)),
+        TokenSeq(p3, ids(7)),
         TokenSeq(ids(6), ids(3)),
     ]
 
 
 def _completion_logps(lp: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """Each row's completion-token log-probs in order, whatever the batch layout."""
-    return [row[m > 0] for row, m in zip(lp, mask)]
+    return [row[m > 0] for row, m in zip(lp, mask, strict=False)]
 
 
 def _model(adapter: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    spec = JobSpec(base_model="tiny-llama", training_file="x.jsonl", objective="dpo",
-                   adapter={"kind": adapter} if adapter == "none" else {"kind": "lora", "r": 4, "alpha": 8})
+    spec = JobSpec(
+        base_model="tiny-llama",
+        training_file="x.jsonl",
+        objective="dpo",
+        adapter={"kind": adapter} if adapter == "none" else {"kind": "lora", "r": 4, "alpha": 8},
+    )
     model = load_policy(spec, resolve_model("tiny-llama"))
     with torch.no_grad():  # move LoRA's zero-initialised B too, so the adapter matters
         for p in model.parameters():
@@ -84,7 +92,7 @@ def test_shared_prefix_matches_one_pass_values_and_gradients(adapter):
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         results.append(([r.detach() for r in per_row], grads))
     (shared, g_shared), (plain, g_plain) = results
-    for a, b in zip(shared, plain):
+    for a, b in zip(shared, plain, strict=False):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
     assert g_shared.keys() == g_plain.keys()
@@ -100,5 +108,5 @@ def test_shared_prefix_scores_the_same_without_grad():
         plain = token_logps(model, collate(seqs, PAD, share_prompts=False))
     s = _completion_logps(shared, collate(seqs, PAD).mask)
     p = _completion_logps(plain, collate(seqs, PAD, share_prompts=False).mask)
-    for a, b in zip(s, p):
+    for a, b in zip(s, p, strict=False):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer.losses import dpo_loss
 from contract.spec import DPOConfig, HumanlineParams
+from trainer.losses import dpo_loss
 
 NAN, INF = float("nan"), float("inf")
 
@@ -70,7 +70,7 @@ def test_dpo_length_normalised_counts_nonzero_tokens():
     out = dpo_loss(*_pairs(), DPOConfig(beta=0.1), length_normalize=True)
     r_w = [-0.5 / 2, 1.5 / 3]
     r_l = [-3.0 / 2, 2.0 / 1]  # row 0: three tokens but one exact-zero log-ratio
-    expected = sum(_nll_sigmoid(0.1 * (w - l)) for w, l in zip(r_w, r_l)) / 2
+    expected = sum(_nll_sigmoid(0.1 * (w - lo)) for w, lo in zip(r_w, r_l, strict=True)) / 2
     assert out.loss.item() == pytest.approx(expected, abs=1e-6)
 
 

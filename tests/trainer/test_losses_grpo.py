@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer.losses import group_advantages, grpo_loss
 from contract.spec import HumanlineParams
+from trainer.losses import group_advantages, grpo_loss
 
 NAN, INF = float("nan"), float("inf")
 EPS = 0.2
@@ -85,7 +85,7 @@ def test_grpo_k3_kl_is_added_per_token():
     pol, ref, mask, adv = _batch()
     out = grpo_loss(pol, ref, mask, adv, EPS, beta_kl=0.1)
     kls = [_k3(x) for x in (0.0, 0.5, math.log(0.5), 0.1, -0.5)]
-    expected = sum(s + 0.1 * k for s, k in zip(SURROGATE, kls)) / 5
+    expected = sum(s + 0.1 * k for s, k in zip(SURROGATE, kls, strict=True)) / 5
     assert out.loss.item() == pytest.approx(expected, abs=1e-6)
     assert out.metrics["kl"] == pytest.approx(sum(kls) / 5, abs=1e-6)
 

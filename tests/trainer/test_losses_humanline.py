@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer.losses import dpo_loss, sequence_rewards, token_log_ratios
 from contract.spec import DPOConfig, HumanlineParams
+from trainer.losses import dpo_loss, sequence_rewards, token_log_ratios
 
 NAN, INF = float("nan"), float("inf")
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer.losses import kto_loss
 from contract.spec import HumanlineParams, KTOConfig
+from trainer.losses import kto_loss
 
 NAN = float("nan")
 CFG = KTOConfig()  # β 0.25, λ_D 1.1, λ_U 1.0 (the paper's)
@@ -23,7 +23,7 @@ def _expected(rewards: list[float], labels: list[bool], z0: float, cfg: KTOConfi
         cfg.lambda_d * (1 - _sigmoid(cfg.beta * (r - z0)))
         if d
         else cfg.lambda_u * (1 - _sigmoid(cfg.beta * (z0 - r)))
-        for r, d in zip(rewards, labels)
+        for r, d in zip(rewards, labels, strict=True)
     ]
     return sum(per) / len(per)
 

@@ -31,8 +31,8 @@ from trl.trainer.dpo_trainer import DPOTrainer
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.kto_trainer import KTOTrainer
 
-from trainer.losses import dpo_loss, grpo_loss, kto_loss
 from contract.spec import DPOConfig, KTOConfig
+from trainer.losses import dpo_loss, grpo_loss, kto_loss
 
 TOL = {"rtol": 0, "atol": 1e-6}
 

@@ -3,11 +3,12 @@
 One tiny-llama DPO step in a fresh process (full fine-tune, fp32, 16 pairs whose rows fill
 max_length 512, so activations and logits, not the model, are what grows), its peak RSS read
 from the kernel (VmHWM, this process's own peak; not ru_maxrss, which Linux carries across
-execve, so a child forked from a large pytest process reported pytest's peak) and its RSS before training (the process with torch and the
-trainer imported). The factor this holds to: the estimate is at least the measured peak and at
-most 1.5 times it, and the part the job adds (peak − RSS before training) is estimated within
-1.5 times either way. Calibration runs (docs/reliability.md, "Memory and storage per team") gave 1.02-1.10 on tiny-llama
-(DPO, KTO, GRPO, bf16, LoRA) and 1.18-1.41 on a 12M-parameter Llama.
+execve, so a child forked from a large pytest process reported pytest's peak) and its RSS
+before training (the process with torch and the trainer imported). The factor this holds to:
+the estimate is at least the measured peak and at most 1.5 times it, and the part the job adds
+(peak − RSS before training) is estimated within 1.5 times either way. Calibration runs
+(docs/reliability.md, "Memory and storage per team") gave 1.02-1.10 on tiny-llama (DPO, KTO,
+GRPO, bf16, LoRA) and 1.18-1.41 on a 12M-parameter Llama.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from contract.spec import JobSpec
 from trainer.modeling import (
     cache_dir,
     load_policy,
@@ -34,7 +35,6 @@ from trainer.modeling import (
     trainable_state_dict,
 )
 from trainer.modeling.policy import activation_checkpointing
-from contract.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

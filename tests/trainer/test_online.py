@@ -8,27 +8,43 @@ import torch
 from safetensors.torch import load_file
 
 import trainer.train as train_mod
+from contract.spec import JobSpec
 from trainer.logps import token_logps
 from trainer.modeling import load_trainable_state_dict
-from contract.spec import JobSpec
 from trainer.synthetic import write_jsonl
 
 
 @pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory) -> Path:
-    rows = [{"prompt": f"What is {a} + {b}? Answer in <answer></answer> tags.", "answer": str(a + b)}
-            for a in range(2, 10) for b in range(3, 7)]
+    rows = [
+        {"prompt": f"What is {a} + {b}? Answer in <answer></answer> tags.", "answer": str(a + b)}
+        for a in range(2, 10)
+        for b in range(3, 7)
+    ]
     return write_jsonl(tmp_path_factory.mktemp("prompts") / "arith.jsonl", rows)
 
 
 def online_spec(prompt_file, reward_model_dir, **kw) -> JobSpec:
     base = {
-        "base_model": "tiny-llama", "training_file": str(prompt_file), "objective": "dpo",
-        "variant": "online", "batch_size": 4, "max_steps": 4, "max_length": 96, "max_prompt_length": 48,
+        "base_model": "tiny-llama",
+        "training_file": str(prompt_file),
+        "objective": "dpo",
+        "variant": "online",
+        "batch_size": 4,
+        "max_steps": 4,
+        "max_length": 96,
+        "max_prompt_length": 48,
         "optim": {"lr": 3e-3, "warmup_ratio": 0.0},
-        "online": {"num_samples": 4, "max_new_tokens": 12, "sample_every": 2, "engine": "hf",
-                   "rewards": [{"name": "math_accuracy", "weight": 8.0},
-                               {"name": "reward_model", "weight": 1.0, "options": {"path": str(reward_model_dir)}}]},
+        "online": {
+            "num_samples": 4,
+            "max_new_tokens": 12,
+            "sample_every": 2,
+            "engine": "hf",
+            "rewards": [
+                {"name": "math_accuracy", "weight": 8.0},
+                {"name": "reward_model", "weight": 1.0, "options": {"path": str(reward_model_dir)}},
+            ],
+        },
     }
     return JobSpec.model_validate({**base, **kw})
 
@@ -41,8 +57,13 @@ def metrics(out: Path) -> list[dict]:
 @pytest.mark.parametrize("variant", ["online", "online+humanline"])
 def test_online_rounds_run_end_to_end(tmp_path, prompt_file, reward_model_dir, objective, variant):
     # GRPO's batch_size counts sequences: 16 = the 4 groups of 4 a step trained on before
-    spec = online_spec(prompt_file, reward_model_dir, objective=objective, variant=variant,
-                       batch_size=16 if objective == "grpo" else 4)
+    spec = online_spec(
+        prompt_file,
+        reward_model_dir,
+        objective=objective,
+        variant=variant,
+        batch_size=16 if objective == "grpo" else 4,
+    )
     result = train_mod.train(spec, tmp_path, progress=False)
     assert result.status == "succeeded" and result.step == 4
     rows = metrics(tmp_path)
@@ -59,18 +80,32 @@ def test_online_rounds_run_end_to_end(tmp_path, prompt_file, reward_model_dir, o
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
 
 
-@pytest.mark.parametrize("variant, table", [
-    # step -> the step whose forward-pass weights the reference must hold; rounds are 1-3, 4-6
-    ("online", {1: 1, 2: 1, 3: 1, 4: 4, 5: 4, 6: 4}),            # the policy at the round's start
-    ("online+humanline", {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 5}),  # + humanline k=1 inside rounds
-])
-def test_online_reference_is_round_start_then_humanline(recorded_losses, tmp_path, prompt_file, reward_model_dir,
-                                                        variant, table):
+@pytest.mark.parametrize(
+    "variant, table",
+    [
+        # step -> the step whose forward-pass weights the reference must hold; rounds are 1-3, 4-6
+        ("online", {1: 1, 2: 1, 3: 1, 4: 4, 5: 4, 6: 4}),  # the policy at the round's start
+        ("online+humanline", {1: 1, 2: 1, 3: 2, 4: 4, 5: 4, 6: 5}),  # + humanline k=1 inside rounds
+    ],
+)
+def test_online_reference_is_round_start_then_humanline(
+    recorded_losses, tmp_path, prompt_file, reward_model_dir, variant, table
+):
     calls, holder = recorded_losses
-    spec = online_spec(prompt_file, reward_model_dir, variant=variant, max_steps=6,
-                       online={"num_samples": 4, "max_new_tokens": 10, "sample_every": 3, "engine": "hf",
-                               "rewards": [{"name": "reward_model", "options": {"path": str(reward_model_dir)}}]},
-                       optim={"lr": 1e-2, "warmup_ratio": 0.0})
+    spec = online_spec(
+        prompt_file,
+        reward_model_dir,
+        variant=variant,
+        max_steps=6,
+        online={
+            "num_samples": 4,
+            "max_new_tokens": 10,
+            "sample_every": 3,
+            "engine": "hf",
+            "rewards": [{"name": "reward_model", "options": {"path": str(reward_model_dir)}}],
+        },
+        optim={"lr": 1e-2, "warmup_ratio": 0.0},
+    )
     train_mod.train(spec, tmp_path, progress=False)
     probe = holder["model"]
     for t, src in table.items():
@@ -81,8 +116,15 @@ def test_online_reference_is_round_start_then_humanline(recorded_losses, tmp_pat
 
 
 def test_online_resume_mid_round_is_bitwise_identical(tmp_path, prompt_file, reward_model_dir):
-    spec = online_spec(prompt_file, reward_model_dir, objective="grpo", variant="online+humanline",
-                       max_steps=4, checkpoint_every=1, batch_size=16)  # 4 groups of 4 sequences
+    spec = online_spec(
+        prompt_file,
+        reward_model_dir,
+        objective="grpo",
+        variant="online+humanline",
+        max_steps=4,
+        checkpoint_every=1,
+        batch_size=16,  # 4 groups of 4 sequences
+    )
     train_mod.train(spec, tmp_path / "full", progress=False)
     part = tmp_path / "part"
     part.mkdir()
@@ -97,10 +139,31 @@ def test_online_resume_mid_round_is_bitwise_identical(tmp_path, prompt_file, rew
 
 def test_online_spec_validation():
     with pytest.raises(ValueError, match="max_steps"):
-        JobSpec.model_validate({"base_model": "tiny-llama", "training_file": "x", "objective": "dpo", "variant": "online"})
+        JobSpec.model_validate(
+            {
+                "base_model": "tiny-llama",
+                "training_file": "x",
+                "objective": "dpo",
+                "variant": "online",
+            }
+        )
     with pytest.raises(ValueError, match="unknown reward"):
-        JobSpec.model_validate({"base_model": "tiny-llama", "training_file": "x", "objective": "dpo", "variant": "online",
-                                "max_steps": 2, "online": {"rewards": [{"name": "exec_python"}]}})
+        JobSpec.model_validate(
+            {
+                "base_model": "tiny-llama",
+                "training_file": "x",
+                "objective": "dpo",
+                "variant": "online",
+                "max_steps": 2,
+                "online": {"rewards": [{"name": "exec_python"}]},
+            }
+        )
     with pytest.raises(ValueError, match="data_source 'online'"):
-        JobSpec.model_validate({"base_model": "tiny-llama", "training_file": "x", "objective": "dpo",
-                                "online": {"sample_every": 2}})
+        JobSpec.model_validate(
+            {
+                "base_model": "tiny-llama",
+                "training_file": "x",
+                "objective": "dpo",
+                "online": {"sample_every": 2},
+            }
+        )

@@ -41,17 +41,24 @@ def test_kto_lambda_is_not_rounded_through_float32():
     zeros, ones = torch.zeros(2, 1, dtype=torch.float64), torch.ones(2, 1)
     kl = torch.full((2, 1), -5.0, dtype=torch.float64)  # z0 clamps to 0
     out = kto_loss(pol, zeros, ones, torch.tensor([True, False]), kl, zeros, ones, cfg)
-    sig = lambda x: 1 / (1 + math.exp(-x))
+
+    def sig(x):
+        return 1 / (1 + math.exp(-x))
+
     expected = (1.1 * (1 - sig(0.25 * 0.3)) + 1.0 * (1 - sig(0.25 * 0.4))) / 2
     assert abs(out.loss.item() - expected) < 1e-15, out.loss.item() - expected
 
 
-# ---- humanline sampling: M = the batch's largest ratio ----------------------------------------------
+# ---- humanline sampling: M = the batch's largest ratio ------------------------------------------
 def test_sample_mode_bounds_by_the_batch_max_over_completion_tokens(monkeypatch):
     """HALOs ``get_humanline_mask``: reject when ratio < M·B with M the largest ratio (and the
     same for the inverse ratio). Beta draws fixed: B_P = 0.9, B_R = 0.1."""
     draws = {0.5: 0.9, 0.01: 0.1}  # keyed by γ: the defaults γ_P 0.5, γ_R 0.01
-    monkeypatch.setattr(humanline_mod, "_beta", lambda c1, c0, like, gen: torch.full(like.shape, draws[c1], dtype=torch.float64))
+    monkeypatch.setattr(
+        humanline_mod,
+        "_beta",
+        lambda c1, c0, like, gen: torch.full(like.shape, draws[c1], dtype=torch.float64),
+    )
     ratios = torch.tensor([[0.5, 0.4, 7.0]])  # the third token is padding
     pol, ref, mask = ratios.log(), torch.zeros(1, 3), torch.tensor([[1, 1, 0]])
     hp = HumanlineParams(mode="sample")
@@ -62,7 +69,7 @@ def test_sample_mode_bounds_by_the_batch_max_over_completion_tokens(monkeypatch)
     assert fixed.tolist() == [[True, True, False]]  # M = 1 does not bound these ratios: 0.5 < 0.9
 
 
-# ---- temperature in log-probs --------------------------------------------------------------------------
+# ---- temperature in log-probs -------------------------------------------------------------------
 class _Logits(torch.nn.Module):
     """Returns fixed logits [N, L, V] whatever it is asked (token_logps only reads `.logits`)."""
 
@@ -75,17 +82,22 @@ class _Logits(torch.nn.Module):
 
 
 def test_logps_divide_logits_by_the_sampling_temperature():
-    """open-r1-humanline ``_get_per_token_logps_and_entropies``: ``logits = logits / self.temperature``."""
+    """open-r1-humanline ``_get_per_token_logps_and_entropies``:
+    ``logits = logits / self.temperature``."""
     batch = collate([TokenSeq((1, 2), (3, 4))], pad_id=0, share_prompts=False)
     logits = torch.randn(1, 4, 6, generator=torch.Generator().manual_seed(0))
     model = _Logits(logits)
     got = token_logps(model, batch, temperature=0.7)
-    want = torch.log_softmax(logits[:, batch.positions] / 0.7, -1).gather(-1, batch.labels.unsqueeze(-1)).squeeze(-1)
+    want = (
+        torch.log_softmax(logits[:, batch.positions] / 0.7, -1)
+        .gather(-1, batch.labels.unsqueeze(-1))
+        .squeeze(-1)
+    )
     assert torch.allclose(got, want * batch.mask, atol=1e-6)
     assert not torch.allclose(token_logps(model, batch), got)
 
 
-# ---- zero-variance GRPO groups ------------------------------------------------------------------------
+# ---- zero-variance GRPO groups ------------------------------------------------------------------
 def test_zero_variance_groups_are_kept_or_dropped_as_asked():
     """The math setup keeps every group (TRL's GRPO trainer, which the authors' code subclasses,
     filters none); the default drops spreads below τ (DAPO's dynamic sampling)."""
@@ -95,9 +107,11 @@ def test_zero_variance_groups_are_kept_or_dropped_as_asked():
     assert [g.prompt_index for g in grpo_groups([flat, spread], zero_variance="keep")] == [0, 1]
 
 
-# ---- data-quality sample and seeds ----------------------------------------------------------------------
+# ---- data-quality sample and seeds --------------------------------------------------------------
 def test_quality_sample_is_random_and_seeded():
-    picked = lambda seed, n=1000, k=64: [i for b in quality_batches(n, list, k, seed) for i in b]
+    def picked(seed, n=1000, k=64):
+        return [i for b in quality_batches(n, list, k, seed) for i in b]
+
     a = picked(derive_seed(0, "quality"))
     assert len(a) == 64 == len(set(a)) and a != list(range(64)) and max(a) > 500
     assert a == picked(derive_seed(0, "quality")) and a != picked(derive_seed(1, "quality"))
@@ -108,16 +122,21 @@ def test_seed_streams_are_distinct_and_stable():
     seeds = {derive_seed(0, s, 1) for s in ("plan", "prompts", "sample", "humanline", "round")}
     assert len(seeds) == 5 and all(0 <= s < 2**31 for s in seeds)
     assert derive_seed(0, "plan", 1) != derive_seed(0, "plan", 2) != derive_seed(1, "plan", 1)
-    assert derive_seed(7, "plan", 3) == derive_seed(7, "plan", 3) == 59955683  # blake2b("7:plan:3"), 31 bits
+    # blake2b("7:plan:3"), 31 bits
+    assert derive_seed(7, "plan", 3) == derive_seed(7, "plan", 3) == 59955683
 
 
-# ---- schedule: warm-up 10%, then constant --------------------------------------------------------------
+# ---- schedule: warm-up 10%, then constant -------------------------------------------------------
 @pytest.mark.parametrize("schedule", ["constant_with_warmup", "linear"])
 def test_learning_rate_warms_up_then_stays_constant(tmp_path, make_spec, schedule):
     """open-r1-humanline: ``lr_scheduler_type: constant_with_warmup``, ``warmup_ratio: 0.1``."""
     from trainer.train import train
 
-    spec = make_spec(max_steps=10, quality_sample=0, optim={"lr": 1e-3, "warmup_ratio": 0.1, "schedule": schedule})
+    spec = make_spec(
+        max_steps=10,
+        quality_sample=0,
+        optim={"lr": 1e-3, "warmup_ratio": 0.1, "schedule": schedule},
+    )
     train(spec, tmp_path, progress=False)
     lrs = [json.loads(ln)["lr"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-3)  # one warm-up step of ten
@@ -128,27 +147,41 @@ def test_learning_rate_warms_up_then_stays_constant(tmp_path, make_spec, schedul
     events = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
     started = next(e for e in events if e["kind"] == "started")
     assert started["data"]["schedule"] == schedule and started["data"]["lr"] == 1e-3
-    assert f"schedule {schedule}" in started["message"] and "preset instruction" in started["message"]
+    assert (
+        f"schedule {schedule}" in started["message"] and "preset instruction" in started["message"]
+    )
 
 
-# ---- KTO: mismatched rows under no_grad -----------------------------------------------------------------
+# ---- KTO: mismatched rows under no_grad ---------------------------------------------------------
 def test_kto_mismatched_rows_carry_no_graph_and_leave_the_gradient_unchanged():
     """z0 is detached (paper: "no backpropagation through z0"; HALOs ``policy_KL_logps.detach()``),
-    so scoring the mismatched rows without a graph gives the same gradient as scoring them with one."""
+    so scoring the mismatched rows without a graph gives the same gradient as scoring them with
+    one."""
     torch.manual_seed(0)
     spec = JobSpec(base_model="tiny-llama", training_file="x.jsonl", objective="kto")
     model = load_policy(spec, resolve_model("tiny-llama")).eval()
     gen = torch.Generator().manual_seed(1)
-    ids = lambda n: tuple(int(t) for t in torch.randint(3, 500, (n,), generator=gen))
+
+    def ids(n):
+        return tuple(int(t) for t in torch.randint(3, 500, (n,), generator=gen))
+
     prompts, completions = [ids(7), ids(5), ids(9)], [ids(6), ids(3), ids(8)]
-    own = [TokenSeq(p, c) for p, c in zip(prompts, completions)]
+    own = [TokenSeq(p, c) for p, c in zip(prompts, completions, strict=True)]
     mismatched = [TokenSeq(p, completions[(i + 1) % 3]) for i, p in enumerate(prompts)]
     labels = torch.tensor([True, False, True])
     ref_shift = 0.3  # a reference below the policy, so z0 > 0 and matters
 
     def loss_and_grads(pol, mask):
-        out = kto_loss(pol[:3], pol[:3].detach() - ref_shift, mask[:3], labels,
-                       pol[3:], pol[3:].detach() - ref_shift, mask[3:], KTOConfig())
+        out = kto_loss(
+            pol[:3],
+            pol[:3].detach() - ref_shift,
+            mask[:3],
+            labels,
+            pol[3:],
+            pol[3:].detach() - ref_shift,
+            mask[3:],
+            KTOConfig(),
+        )
         model.zero_grad(set_to_none=True)
         out.loss.backward()
         return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from trainer import prompts
 from contract.data import EVAL_FORMATS, read_jsonl
+from trainer import prompts
 
 TRAIN = prompts.DATA_DIR / "arithmetic_train.jsonl"
 EVAL = prompts.DATA_DIR / "arithmetic_eval.jsonl"

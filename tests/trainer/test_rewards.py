@@ -232,12 +232,16 @@ RM_COMPLETIONS = ["4", "The Nile, which flows north through eleven countries.", 
 
 
 def test_reward_model_scores_batches_deterministically(reward_model_dir):
-    reward = combine([{"name": "reward_model", "options": {"path": str(reward_model_dir), "batch_size": 2}}])
+    reward = combine(
+        [{"name": "reward_model", "options": {"path": str(reward_model_dir), "batch_size": 2}}]
+    )
     first, parts = reward.score(RM_PROMPTS, RM_COMPLETIONS, [{}] * 3)
     second, _ = reward.score(RM_PROMPTS, RM_COMPLETIONS, [{}] * 3)
     assert len(first) == 3 and first == second == parts["reward_model"]
     assert len(set(first)) == 3  # random weights still tell the three apart
-    one_by_one = [reward.score([p], [c], [{}])[0][0] for p, c in zip(RM_PROMPTS, RM_COMPLETIONS)]
+    one_by_one = [
+        reward.score([p], [c], [{}])[0][0] for p, c in zip(RM_PROMPTS, RM_COMPLETIONS, strict=True)
+    ]
     assert one_by_one == pytest.approx(first, abs=1e-5)  # padding does not change a score
     # The score depends on the completion, not only on the prompt.
     swapped, _ = reward.score(RM_PROMPTS[:1], ["5"], [{}])
@@ -282,7 +286,9 @@ def test_contract_names_exactly_the_registered_sources():
 def test_string_check_reward_matches_openais_operations():
     completions = [" yes\n", "no", "I say yes", "I SAY YES"]
     records = [{"answer": "yes"}] * 4
-    score = {op: StringCheck(op)(["p"] * 4, completions, records) for op in ("eq", "ne", "like", "ilike")}
+    score = {
+        op: StringCheck(op)(["p"] * 4, completions, records) for op in ("eq", "ne", "like", "ilike")
+    }
     assert score == {
         "eq": [1.0, 0.0, 0.0, 0.0],
         "ne": [0.0, 1.0, 1.0, 1.0],

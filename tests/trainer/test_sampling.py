@@ -97,7 +97,7 @@ def test_greedy_matches_step_by_step_argmax(policy, tokenizer):
     out = HFSampler(policy, tokenizer).generate(
         PROMPTS, SamplingParams(n=3, temperature=0.0, max_new_tokens=6)
     )
-    for prompt, group in zip(PROMPTS, out):
+    for prompt, group in zip(PROMPTS, out, strict=False):
         assert all(c.token_ids == group[0].token_ids for c in group)
         assert group[0].token_ids is not group[1].token_ids  # independent copies
         seq = render_prompt_ids(tokenizer, prompt)

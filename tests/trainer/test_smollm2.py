@@ -12,12 +12,22 @@ from trainer.train import train
 
 @pytest.mark.slow
 def test_smollm2_lora_humanline_dpo(tmp_path, pref_file):
-    spec = JobSpec.model_validate({
-        "base_model": "smollm2-135m-instruct", "training_file": str(pref_file), "objective": "dpo",
-        "variant": "offline+humanline", "batch_size": 4, "max_steps": 4, "max_length": 128,
-        "max_prompt_length": 96, "adapter": {"kind": "lora", "r": 8, "alpha": 16},
-        "optim": {"lr": 5e-4, "warmup_ratio": 0.0}, "quality_sample": 16, "checkpoint_every": 2,
-    })
+    spec = JobSpec.model_validate(
+        {
+            "base_model": "smollm2-135m-instruct",
+            "training_file": str(pref_file),
+            "objective": "dpo",
+            "variant": "offline+humanline",
+            "batch_size": 4,
+            "max_steps": 4,
+            "max_length": 128,
+            "max_prompt_length": 96,
+            "adapter": {"kind": "lora", "r": 8, "alpha": 16},
+            "optim": {"lr": 5e-4, "warmup_ratio": 0.0},
+            "quality_sample": 16,
+            "checkpoint_every": 2,
+        }
+    )
     result = train(spec, tmp_path, progress=False)
     assert result.status == "succeeded"
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -38,13 +48,28 @@ def test_smollm2_online_humanline_grpo_on_arithmetic(tmp_path):
     from pathlib import Path
 
     prompts = Path(__file__).resolve().parents[2] / "examples" / "data" / "arithmetic_train.jsonl"
-    spec = JobSpec.model_validate({
-        "base_model": "smollm2-135m-instruct", "training_file": str(prompts), "objective": "grpo",
-        "variant": "online+humanline", "batch_size": 8, "max_steps": 9, "max_length": 256,  # 2 groups of 4
-        "max_prompt_length": 160, "adapter": {"kind": "lora", "r": 8, "alpha": 16},
-        "humanline_params": {"sync_every": 4}, "optim": {"lr": 1e-4, "warmup_ratio": 0.0},
-        "online": {"num_samples": 4, "max_new_tokens": 48, "sample_every": 8, "engine": "hf", "tau": 0.0},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "base_model": "smollm2-135m-instruct",
+            "training_file": str(prompts),
+            "objective": "grpo",
+            "variant": "online+humanline",
+            "batch_size": 8,
+            "max_steps": 9,
+            "max_length": 256,  # 2 groups of 4
+            "max_prompt_length": 160,
+            "adapter": {"kind": "lora", "r": 8, "alpha": 16},
+            "humanline_params": {"sync_every": 4},
+            "optim": {"lr": 1e-4, "warmup_ratio": 0.0},
+            "online": {
+                "num_samples": 4,
+                "max_new_tokens": 48,
+                "sample_every": 8,
+                "engine": "hf",
+                "tau": 0.0,
+            },
+        }
+    )
     result = train(spec, tmp_path, progress=False)
     assert result.status == "succeeded" and result.step == 9
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]

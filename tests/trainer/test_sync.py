@@ -28,14 +28,24 @@ def _expected_source(t: int, sync: str, k: int) -> int:
 
 @pytest.mark.parametrize(
     "sync, k, lora",
-    [("humanline", 1, False), ("humanline", 3, False), ("humanline", 1, True), ("humanline", 3, True),
-     ("trust_region", 2, False), ("none", 1, False), ("none", 1, True)],
+    [
+        ("humanline", 1, False),
+        ("humanline", 3, False),
+        ("humanline", 1, True),
+        ("humanline", 3, True),
+        ("trust_region", 2, False),
+        ("none", 1, False),
+        ("none", 1, True),
+    ],
 )
 def test_reference_holds_the_right_weights(recorded_losses, tmp_path, make_spec, sync, k, lora):
     calls, holder = recorded_losses
     spec = make_spec(
-        humanline=sync == "humanline", reference_sync=sync, max_steps=7,
-        humanline_params={"sync_every": k}, quality_sample=0,
+        humanline=sync == "humanline",
+        reference_sync=sync,
+        max_steps=7,
+        humanline_params={"sync_every": k},
+        quality_sample=0,
         adapter={"kind": "lora", "r": 4, "alpha": 8} if lora else {"kind": "none"},
         optim={"lr": 5e-2 if lora else 1e-2, "warmup_ratio": 0.0},
     )

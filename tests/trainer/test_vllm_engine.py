@@ -115,7 +115,11 @@ def vllm_logprobs(sampler, prompt_ids: list[int], **sampling) -> tuple[list[int]
     )
     out = request.outputs[0]
     ids = list(out.token_ids)
-    return ids, [d[t].logprob for d, t in zip(out.logprobs, ids)], request.num_cached_tokens or 0
+    return (
+        ids,
+        [d[t].logprob for d, t in zip(out.logprobs, ids, strict=False)],
+        request.num_cached_tokens or 0,
+    )
 
 
 def policy_logprobs(policy, prompt_ids: list[int], ids: list[int]) -> list[float]:

@@ -35,7 +35,8 @@ while [ "$step" -le "$STEPS" ]; do
     printf '{"step": %s, "time": 0, "loss": 0.69}\\n' "$step" >> "$run/metrics.jsonl"
     if [ -n "$CHECKPOINT" ]; then  # written aside, then renamed: complete when visible
         mkdir -p "$run/checkpoints/step-$step.tmp"
-        printf '{"step": %s, "world_size": 1}' "$step" > "$run/checkpoints/step-$step.tmp/state.json"
+        printf '{"step": %s, "world_size": 1}' "$step" \\
+            > "$run/checkpoints/step-$step.tmp/state.json"
         mv "$run/checkpoints/step-$step.tmp" "$run/checkpoints/step-$step"
     fi
     [ -e "$run/STOP" ] && exit 3
