@@ -40,7 +40,7 @@ bench: $(STAMP)
 # client/pyproject.toml). LINT_PATHS narrows it: make lint LINT_PATHS="api worker".
 # RUFF_ONLY_PATHS get ruff but not mypy (not type-clean); RUFF_ONLY_PATHS= drops them.
 LINT_PATHS ?= contract trainer reports tools api models worker storage client
-RUFF_ONLY_PATHS ?= tests benchmarks examples
+RUFF_ONLY_PATHS ?= tests benchmarks examples migrations
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS) $(RUFF_ONLY_PATHS)
 	$(BIN)/mypy $(filter-out client,$(LINT_PATHS)) $(if $(filter client,$(LINT_PATHS)),client/humanline_client)

@@ -128,7 +128,8 @@ def upgrade() -> None:
         sa.Column("started_at", TIMESTAMP, nullable=True),
         sa.Column("finished_at", TIMESTAMP, nullable=True),
         sa.CheckConstraint(
-            "status IN ('validating', 'queued', 'running', 'cancelling', 'cancelled', 'succeeded', 'failed')",
+            "status IN ('validating', 'queued', 'running', 'cancelling', 'cancelled', "
+            "'succeeded', 'failed')",
             name=op.f("ck_jobs_status"),
         ),
         sa.ForeignKeyConstraint(
