@@ -35,19 +35,14 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-SMOLLM2_SHAPE = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    vocab_size=49152,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    rope_theta=100000.0,
-)
+from contract.memory import BUILTIN_SHAPES  # noqa: E402
+
+SMOLLM2_SHAPE = {
+    **BUILTIN_SHAPES["smollm2-135m-instruct"].llama_config(),
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+}
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
 
 

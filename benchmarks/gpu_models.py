@@ -10,47 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SMOLLM2_SHAPE = {
-    "vocab_size": 49152,
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-}
-ONE_B_SHAPE = {
-    "vocab_size": 128256,
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-}
-TINY_SHAPE = {
-    "vocab_size": 1024,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-}  # head_dim 64: vLLM's CPU kernels need it
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "bright",
-    "stars",
-    "watch",
-    "quietly",
-]
+from contract.memory import BUILTIN_SHAPES, ModelShape
+
+# LlamaConfig keyword arguments (contract.memory.ModelShape, the sizes the memory estimate uses)
+SMOLLM2_SHAPE = BUILTIN_SHAPES["smollm2-135m-instruct"].llama_config()
+ONE_B_SHAPE = ModelShape(128256, 2048, 8192, 16, 32, 8, 64, True).llama_config()
+TINY_SHAPE = ModelShape(1024, 128, 256, 2, 2, 1, 64, True).llama_config()  # vLLM's CPU: head_dim 64
+WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
 
 
 def build_model(out: Path, shape: dict, seed: int = 0, pad_tokenizer: bool = False) -> Path:
@@ -58,29 +24,18 @@ def build_model(out: Path, shape: dict, seed: int = 0, pad_tokenizer: bool = Fal
     `pad_tokenizer`: add placeholder tokens up to the model's vocabulary, for engines (vLLM)
     whose detokenizer fails on a sampled id the tokenizer does not have."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     from trainer.modeling import load_tokenizer, resolve_model
+    from trainer.modeling.sources import save_random_llama
 
     tok = load_tokenizer(resolve_model("tiny-llama"))
     if pad_tokenizer:
         tok.add_tokens([f"<|x{i}|>" for i in range(len(tok), shape["vocab_size"])])
-    config = LlamaConfig(
-        **shape,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        attention_dropout=0.0,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # instant init on a GPU
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig.from_model_config(config)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    del model
+    on_gpu = torch.cuda.is_available()  # a GPU initialises the weights in an instant
+    save_random_llama(
+        out, shape, tok, seed=seed, max_position_embeddings=8192, dtype=torch.bfloat16,
+        device="cuda" if on_gpu else "cpu",
+    )  # fmt: skip
     return out
 
 

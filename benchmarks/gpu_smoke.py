@@ -35,7 +35,10 @@ import time
 import traceback
 from pathlib import Path
 
-from gpu_models import (
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # gpu_models and trl_baseline import the repo's packages
+
+from gpu_models import (  # noqa: E402
     ONE_B_SHAPE,
     SMOLLM2_SHAPE,
     TINY_SHAPE,
@@ -44,9 +47,8 @@ from gpu_models import (
     prompts_file,
     reward_model,
 )
+from trl_baseline import trl_dpo_trainer  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -243,21 +245,13 @@ def part_fsdp(r: Report, s: Setup):
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         }
         run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trainer",
-                "run",
-                str(out / "spec.json"),
-                "--out",
-                str(out / "run"),
-                "--no-progress",
-            ],
+            [sys.executable, "-m", "trainer", "run", str(out / "spec.json"),
+             "--out", str(out / "run"), "--no-progress"],
             env=env,
             capture_output=True,
             text=True,
             check=False,
-        )
+        )  # fmt: skip
         if run.returncode != 0:
             raise RuntimeError(f"{name} run exited {run.returncode}: {run.stderr.strip()[-600:]}")
         losses[name] = [m["loss"] for m in _metrics(out / "run")]
@@ -346,11 +340,8 @@ def part_trl(r: Report, s: Setup) -> None:
     """TRL's DPOTrainer (reference synced every step: its humanline-like setting, as in
     benchmarks/sync_overhead.py) and ours interleaved: ours runs in TRL's step-end callback."""
     import torch
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import DPOConfig, DPOTrainer
+    from transformers import TrainerCallback
 
-    from trainer.modeling import load_tokenizer
     from trainer.train import Trainer
 
     on_gpu = torch.cuda.is_available()
@@ -369,30 +360,11 @@ def part_trl(r: Report, s: Setup) -> None:
             t_trl.append(time.perf_counter() - self.t0)
             t_ours.append(ours.step(state.global_step)["step_time"])
 
-    cfg = DPOConfig(
-        output_dir=str(s.work / "vs-trl"),
-        per_device_train_batch_size=s.batch,
-        max_steps=s.steps,
-        max_length=s.plen + s.clen + 32,
-        sync_ref_model=True,
-        ref_model_sync_steps=1,
-        ref_model_mixup_alpha=1.0,
-        learning_rate=1e-5,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=10**6,
-        use_cpu=not on_gpu,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        bf16=True,
-    )
-    trl = DPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(s.small, dtype=torch.float32),
-        args=cfg,
-        train_dataset=load_dataset("json", data_files=str(s.pairs), split="train"),
-        processing_class=load_tokenizer(s.small),
-    )
-    trl.add_callback(Interleave())
+    trl = trl_dpo_trainer(
+        s.small, s.pairs, s.work / "vs-trl", batch=s.batch, steps=s.steps,
+        max_length=s.plen + s.clen + 32, lr=1e-5, cpu=not on_gpu, bf16=True,
+        callbacks=[Interleave()],
+    )  # fmt: skip
     trl.train()
     skip = min(2, len(t_trl) - 1)
     trl_s, ours_s = statistics.median(t_trl[skip:]), statistics.median(t_ours[skip:])

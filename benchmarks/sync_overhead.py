@@ -30,6 +30,7 @@ from pathlib import Path
 
 from procfs import status_kb
 from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
+from trl_baseline import trl_dpo_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -140,40 +141,13 @@ def child_ours(model: str, data: Path, variant: str, adapter: str, steps: int) -
 
 
 def trl_trainer(model: str, data: Path, steps: int, out: str, callbacks=()):
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM
-    from trl import DPOConfig, DPOTrainer
+    from trainer.modeling import resolve_model
 
-    from trainer.modeling import load_tokenizer, resolve_model
-
-    model_dir = resolve_model(model)
-    cfg = DPOConfig(
-        output_dir=out,
-        per_device_train_batch_size=4,
-        max_steps=steps,
-        max_length=144,
-        sync_ref_model=True,
-        ref_model_sync_steps=1,
-        ref_model_mixup_alpha=1.0,
-        learning_rate=5e-6,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=10**6,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        bf16=PRECISION
-        == "bf16",  # TRL's default is bf16 autocast; the comparison needs equal precision
-    )
-    trainer = DPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir),
-        args=cfg,
-        train_dataset=load_dataset("json", data_files=str(data), split="train"),
-        processing_class=load_tokenizer(model_dir),
-    )
-    for cb in callbacks:  # added last: runs after TRL's own sync callback
-        trainer.add_callback(cb)
-    return trainer
+    # TRL's default is bf16 autocast; the comparison needs equal precision
+    return trl_dpo_trainer(
+        resolve_model(model), data, Path(out), batch=4, steps=steps, max_length=144, lr=5e-6,
+        cpu=True, bf16=PRECISION == "bf16", callbacks=callbacks,
+    )  # fmt: skip
 
 
 def child_trl(model: str, data: Path, steps: int) -> dict:

@@ -34,10 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with Client() as client:  # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
         uploaded = client.files.upload(file=args.data, purpose="train")
-        print(
-            f"uploaded {args.data.name}: {uploaded.id} "
-            f"({uploaded.records} {uploaded.format} records)"
-        )
+        records = f"{uploaded.records} {uploaded.format} records"
+        print(f"uploaded {args.data.name}: {uploaded.id} ({records})")
 
         job = client.jobs.create(
             base_model=args.model,

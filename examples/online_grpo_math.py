@@ -35,10 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     with Client() as client:  # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
         prompts = client.files.upload(file=DATA / "arithmetic_train.jsonl", purpose="train")
         evals = client.files.upload(file=DATA / "arithmetic_eval.jsonl", purpose="eval")
-        print(
-            f"uploaded {prompts.records} {prompts.format} prompts "
-            f"and {evals.records} {evals.format} problems"
-        )
+        print(f"uploaded {prompts.records} {prompts.format} prompts", end=" ")
+        print(f"and {evals.records} {evals.format} problems")
         job = client.jobs.create(
             base_model=args.model,
             training_file=prompts.id,

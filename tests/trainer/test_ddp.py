@@ -37,20 +37,11 @@ def test_two_processes_match_one(tmp_path, pref_file, unpaired_file, objective):
         "variant: offline+humanline\nbatch_size: 4\nmax_steps: 4\nmax_length: 96\n"
         "max_prompt_length: 48\nquality_sample: 0\noptim: {lr: 0.003, warmup_ratio: 0.0}\n"
     )
-    one = _run(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "run",
-            str(spec),
-            "--out",
-            str(tmp_path / "one"),
-            "--no-progress",
-        ],
-        tmp_path / "one",
+    # the worker's own argv, for 1 and for 2 CPU ranks (`accelerate launch --cpu` starts one)
+    alone = trainer_command(
+        sys.executable, spec, tmp_path / "one", resume=False, place=Placement(1, cpu=True)
     )
-    # the worker's own argv for 2 CPU ranks (`accelerate launch --cpu` would start only one)
+    one = _run(alone, tmp_path / "one")
     place = Placement(2, cpu=True)
     argv = trainer_command(sys.executable, spec, tmp_path / "two", resume=False, place=place)
     two = _run(argv, tmp_path / "two", env=trainer_env(place))

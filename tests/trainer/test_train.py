@@ -109,22 +109,14 @@ def test_cli_runs_a_spec_and_rejects_a_bad_one(tmp_path, pref_file):
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "run",
-            str(spec),
-            "--out",
-            str(tmp_path / "o"),
-            "--no-progress",
-        ],
+        [sys.executable, "-m", "trainer", "run", str(spec), "--out", str(tmp_path / "o"),
+         "--no-progress"],
         capture_output=True,
         text=True,
         env=env,
         cwd=REPO,
         timeout=300,
-    )
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1])["status"] == "succeeded"
     spec.write_text(spec.read_text().replace("objective: dpo", "objective: ppo"))

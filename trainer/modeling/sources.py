@@ -254,17 +254,33 @@ def _build_tiny_llama(out: Path) -> None:
     shape = BUILTIN_SHAPES[TINY_LLAMA].llama_config()  # the API's memory estimate's sizes
     if shape["vocab_size"] != len(tokenizer):
         raise RuntimeError(f"tiny tokenizer has {len(tokenizer)} tokens, its shape {shape}")
+    save_random_llama(out, shape, tokenizer, seed=_TINY_SEED, max_position_embeddings=2048)
+
+
+def save_random_llama(
+    out: Path,
+    shape: dict,
+    tokenizer,
+    *,
+    seed: int,
+    max_position_embeddings: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> None:
+    """A Llama of `shape` (LlamaConfig's keyword arguments) with random weights drawn from
+    `seed`, saved with `tokenizer` (whose special tokens it uses) as an HF directory. Draws
+    from a forked RNG, so the caller's stream is untouched."""
     config = LlamaConfig(
         **shape,
-        max_position_embeddings=2048,
+        max_position_embeddings=max_position_embeddings,
         attention_dropout=0.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
-        torch.manual_seed(_TINY_SEED)
-        model = LlamaForCausalLM(config)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(dtype)
     model.generation_config = GenerationConfig.from_model_config(config)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
