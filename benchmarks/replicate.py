@@ -23,7 +23,8 @@ gap that stale+humanline closes (target ≥ 0.5) and its sampling rounds ÷ onli
 sampled are the same. `--quick` runs the same path on tiny-llama in under a minute (its figures
 mean nothing: it checks the path).
 
-    python benchmarks/replicate.py [--quick] [--seeds 0 1] [--steps 16] [--stale 8]
+    python benchmarks/replicate.py [--quick] [--seeds 0 1] [--steps 16] [--stale 8] [--lr 3e-5]
+                                   [--eval-size 64]
 """
 
 from __future__ import annotations
