@@ -268,8 +268,8 @@ def save_random_llama(
     device: str = "cpu",
 ) -> None:
     """A Llama of `shape` (LlamaConfig's keyword arguments) with random weights drawn from
-    `seed`, saved with `tokenizer` (whose special tokens it uses) as an HF directory. Draws
-    from a forked RNG, so the caller's stream is untouched."""
+    `seed`, saved with `tokenizer` (whose special tokens it uses) as an HF directory. The CPU
+    RNG is forked, so a CPU caller's stream is untouched (on a GPU `seed` reseeds the GPU's)."""
     config = LlamaConfig(
         **shape,
         max_position_embeddings=max_position_embeddings,
