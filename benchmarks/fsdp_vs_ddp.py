@@ -10,6 +10,10 @@ once with `fsdp`, alternating `--repeats` times so machine drift hits both alike
 Each rank builds the trainer, runs the steps, then writes the end-of-run checkpoint and the
 export, and reports its peak RSS (VmHWM) after the steps and after the checkpoint + export.
 
+`--phases` also samples each rank's RSS every 3 ms and reports, for the last step of rank 0, the
+peak inside each phase (policy forward, backward, clip, reference sync, optimizer step) and the
+resting RSS after it: where in a step the peak comes from.
+
 Figures (targets from issue 11):
   step_time_ratio   median step time FSDP ÷ DDP, first step excluded (≤ 1.3)
   peak_rss_ratio    peak RSS per process FSDP ÷ DDP, the larger rank, whole run (≤ 0.6)
@@ -30,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from procfs import PhasePeaks, status_kb
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,10 +53,7 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watc
 
 
 def peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    return status_kb("VmHWM") / 1024
 
 
 def build_model(root: Path, layers: int) -> Path:
@@ -116,9 +119,20 @@ def rank_main(spec_path: Path, out: Path) -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     trainer = Trainer(load_spec(spec_path), out, progress=False)
-    times = []
+    peaks = PhasePeaks() if os.environ.get("BENCH_PHASES") else None
+    if peaks is not None:  # --phases: where in a step the memory peaks
+        import trainer.train as loop
+
+        peaks.wrap(loop, "batch_logps", "policy forward")
+        peaks.wrap(trainer.accelerator, "backward", "backward")
+        peaks.wrap(trainer.parallel, "clip_grad_norm_", "clip")
+        peaks.wrap(trainer, "_refresh_reference", "reference sync")
+        peaks.wrap(trainer.optimizer, "step", "optimizer step")
+    times, phases = [], []
     for step in range(1, trainer.total + 1):
         times.append(trainer.step(step)["step_time"])
+        if peaks is not None:
+            phases.append({**peaks.take(), "resting": round(status_kb("VmRSS") / 1024, 1)})
     after_steps = peak_rss_mb()
     trainer.save(trainer.total)
     trainer.parallel.export(trainer.model, trainer.tokenizer, out / "final")
@@ -126,7 +140,12 @@ def rank_main(spec_path: Path, out: Path) -> None:
     rank = trainer.accelerator.process_index
     (out / f"bench-rank-{rank}.json").write_text(
         json.dumps(
-            {"step_times": times, "rss_after_steps_mb": after_steps, "rss_peak_mb": peak_rss_mb()}
+            {
+                "step_times": times,
+                "rss_after_steps_mb": after_steps,
+                "rss_peak_mb": peak_rss_mb(),
+                "phases": phases,
+            }
         )
     )
     trainer.parallel.close()
@@ -140,6 +159,7 @@ def run_job(
     steps: int,
     tag: str,
     reshard: bool = True,
+    phases: bool = False,
 ) -> dict:
     from worker.launch import trainer_command
     from worker.routing import Placement, trainer_env
@@ -157,6 +177,8 @@ def run_job(
         str(out),
     ]
     env = {**trainer_env(place), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if phases:
+        env["BENCH_PHASES"] = "1"
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     if proc.returncode:
@@ -168,6 +190,7 @@ def run_job(
         "rss_after_steps_mb": max(r["rss_after_steps_mb"] for r in ranks),
         "rss_peak_mb": max(r["rss_peak_mb"] for r in ranks),
         "rss_peak_per_rank_mb": [round(r["rss_peak_mb"], 1) for r in ranks],
+        "phase_peaks_mb": ranks[0]["phases"][-1] if phases else None,  # rank 0, last step
     }
 
 
@@ -186,6 +209,11 @@ def main() -> None:
             "(fewer all-gathers, more memory)"
         ),
     )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="also sample RSS inside each phase of a step (forward, backward, optimizer...)",
+    )
     parser.add_argument("--rank", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
@@ -202,8 +230,9 @@ def main() -> None:
         for i in range(repeats):
             for strategy in ("ddp", "fsdp"):
                 result = run_job(
-                    root, model_dir, data, strategy, steps, str(i), reshard=not args.no_reshard
-                )
+                    root, model_dir, data, strategy, steps, str(i),
+                    reshard=not args.no_reshard, phases=args.phases,
+                )  # fmt: skip
                 runs[strategy].append(result)
                 print(
                     f"{strategy} #{i}: step {result['step_s']:.3f} s, peak RSS per rank "
@@ -212,6 +241,8 @@ def main() -> None:
                     f"wall {result['wall_s']:.1f} s",
                     flush=True,
                 )
+                if result["phase_peaks_mb"]:
+                    print(f"  {strategy} phase peaks (MB): {result['phase_peaks_mb']}", flush=True)
     med = {
         s: {
             k: statistics.median(r[k] for r in rs)
@@ -240,6 +271,7 @@ def main() -> None:
         "peak_rss_ratio_steps_only": round(
             med["fsdp"]["rss_after_steps_mb"] / med["ddp"]["rss_after_steps_mb"], 3
         ),
+        "phase_peaks_mb": {s: rs[-1]["phase_peaks_mb"] for s, rs in runs.items()},
         "met": {"step_time_ratio": step_ratio <= 1.3, "peak_rss_ratio": rss_ratio <= 0.6},
     }
     print(json.dumps(summary))

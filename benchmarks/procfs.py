@@ -6,6 +6,7 @@
     children(pid)             a process's direct children
     process_tree(root)        a process and all its descendants
     cmdline(pid)              its command line, "" once it has gone
+    PhasePeaks                this process's peak RSS in each named phase of its work
 
 `pid` is "self" (this process) unless given.
 """
@@ -13,7 +14,10 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 
 def status_kb(field: str, pid: int | str = "self") -> int:
@@ -69,3 +73,40 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+class PhasePeaks:
+    """Peak RSS (MB) of this process in each named phase, sampled by a daemon thread every
+    `every` seconds (VmHWM only knows the peak of the whole run). `wrap(obj, "step", "optim")`
+    makes every call of `obj.step` count as the phase "optim"; `take()` returns the peaks since
+    the last take and starts afresh. Time outside every wrapped call counts as "other"."""
+
+    def __init__(self, every: float = 0.003) -> None:
+        self.current = "other"
+        self.peaks: dict[str, float] = {}
+        threading.Thread(target=self._sample, args=(every,), daemon=True).start()
+
+    def _sample(self, every: float) -> None:
+        page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+        while True:
+            rss = int(Path("/proc/self/statm").read_text().split()[1]) * page_mb
+            phase = self.current
+            if rss > self.peaks.get(phase, 0.0):
+                self.peaks[phase] = rss
+            time.sleep(every)
+
+    def wrap(self, obj: Any, name: str, phase: str) -> None:
+        call = getattr(obj, name)
+
+        def in_phase(*args: Any, **kwargs: Any) -> Any:
+            outer, self.current = self.current, phase
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.current = outer
+
+        setattr(obj, name, in_phase)
+
+    def take(self) -> dict[str, float]:
+        peaks, self.peaks = self.peaks, {}
+        return {phase: round(mb, 1) for phase, mb in peaks.items()}
