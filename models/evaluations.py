@@ -17,10 +17,7 @@ from sqlalchemy.orm import Session
 from models import leases
 from models.base import utcnow
 from models.leases import CLEAR_LEASE
-from models.tables import Evaluation
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "running")
+from models.tables import EVAL_ACTIVE_STATUSES, EVAL_TERMINAL_STATUSES, Evaluation
 
 
 def claim(
@@ -71,7 +68,7 @@ def finish(
     error: Doc | None = None, result: Doc | None = None,
 ) -> bool:  # fmt: skip
     """End an evaluation the worker holds. False when it no longer holds the lease."""
-    if status not in TERMINAL:
+    if status not in EVAL_TERMINAL_STATUSES:
         raise ValueError(f"finish() takes a terminal status, not {status}")
     now = utcnow()
     values: dict[str, Any] = {
@@ -142,5 +139,5 @@ def active_count(session: Session, team_id: str) -> int:
     return session.execute(
         select(func.count())
         .select_from(Evaluation)
-        .where(Evaluation.team_id == team_id, Evaluation.status.in_(ACTIVE))
+        .where(Evaluation.team_id == team_id, Evaluation.status.in_(EVAL_ACTIVE_STATUSES))
     ).scalar_one()

@@ -31,7 +31,9 @@ FILE_PURPOSES = ("train", "eval", "fine-tune")
 # "fine-tune" is OpenAI's name for a training file (files.create from the openai package)
 TRAINING_PURPOSES = ("train", "fine-tune")
 FILE_STATUSES = ("uploaded", "processed", "error")
-EVAL_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+EVAL_ACTIVE_STATUSES = ("queued", "running")
+EVAL_TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+EVAL_STATUSES = EVAL_ACTIVE_STATUSES + EVAL_TERMINAL_STATUSES
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
