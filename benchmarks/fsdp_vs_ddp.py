@@ -14,6 +14,11 @@ export, and reports its peak RSS (VmHWM) after the steps and after the checkpoin
 peak inside each phase (policy forward, backward, clip, reference sync, optimizer step) and the
 resting RSS after it: where in a step the peak comes from.
 
+`--allocations` profiles the last step of rank 0 (torch.profiler, profile_memory) and reports
+the peak of the tensors torch itself holds (the profiler's memory timeline): the memory the
+two strategies really differ in, without the Python/torch baseline every process carries (its
+step time is left out of the median).
+
 Figures (targets from issue 11):
   step_time_ratio   median step time FSDP ÷ DDP, first step excluded (≤ 1.3)
   peak_rss_ratio    peak RSS per process FSDP ÷ DDP, the larger rank, whole run (≤ 0.6)
@@ -111,6 +116,27 @@ def spec_dict(model_dir: Path, data: Path, strategy: str, steps: int, reshard: b
 
 
 # ---- one rank (started by torchrun through the worker's argv) ------------------------------------
+def tensor_peak(run_step, out: Path) -> dict[str, float]:
+    """Run one step under torch.profiler and read its memory timeline (CPU): the peak of the
+    bytes held by tensors, and when in the step (0..1) it came."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:  # fmt: skip
+        run_step()
+    path = out / "memory-timeline.json"
+    prof.export_memory_timeline(str(path), device="cpu")
+    times, sizes = json.loads(path.read_text())
+    totals = [sum(s) for s in sizes]
+    at = max(range(len(totals)), key=totals.__getitem__)
+    span = (times[-1] - times[0]) or 1
+    return {
+        "peak_mb": round(totals[at] / 2**20, 1),
+        "end_mb": round(totals[-1] / 2**20, 1),
+        "peak_at": round((times[at] - times[0]) / span, 3),
+    }
+
+
 def rank_main(spec_path: Path, out: Path) -> None:
     import torch
 
@@ -128,16 +154,20 @@ def rank_main(spec_path: Path, out: Path) -> None:
         peaks.wrap(trainer.parallel, "clip_grad_norm_", "clip")
         peaks.wrap(trainer, "_refresh_reference", "reference sync")
         peaks.wrap(trainer.optimizer, "step", "optimizer step")
-    times, phases = [], []
+    rank = trainer.accelerator.process_index
+    profiled = bool(os.environ.get("BENCH_ALLOCATIONS")) and rank == 0
+    times, phases, allocations = [], [], None
     for step in range(1, trainer.total + 1):
-        times.append(trainer.step(step)["step_time"])
+        if profiled and step == trainer.total:
+            allocations = tensor_peak(lambda s=step: trainer.step(s), out)
+        else:
+            times.append(trainer.step(step)["step_time"])
         if peaks is not None:
             phases.append({**peaks.take(), "resting": round(status_kb("VmRSS") / 1024, 1)})
     after_steps = peak_rss_mb()
     trainer.save(trainer.total)
     trainer.parallel.export(trainer.model, trainer.tokenizer, out / "final")
     trainer.accelerator.wait_for_everyone()
-    rank = trainer.accelerator.process_index
     (out / f"bench-rank-{rank}.json").write_text(
         json.dumps(
             {
@@ -145,6 +175,7 @@ def rank_main(spec_path: Path, out: Path) -> None:
                 "rss_after_steps_mb": after_steps,
                 "rss_peak_mb": peak_rss_mb(),
                 "phases": phases,
+                "allocations": allocations,
             }
         )
     )
@@ -160,6 +191,7 @@ def run_job(
     tag: str,
     reshard: bool = True,
     phases: bool = False,
+    allocations: bool = False,
 ) -> dict:
     from worker.launch import trainer_command
     from worker.routing import Placement, trainer_env
@@ -179,6 +211,8 @@ def run_job(
     env = {**trainer_env(place), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if phases:
         env["BENCH_PHASES"] = "1"
+    if allocations:
+        env["BENCH_ALLOCATIONS"] = "1"
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     if proc.returncode:
@@ -191,6 +225,7 @@ def run_job(
         "rss_peak_mb": max(r["rss_peak_mb"] for r in ranks),
         "rss_peak_per_rank_mb": [round(r["rss_peak_mb"], 1) for r in ranks],
         "phase_peaks_mb": ranks[0]["phases"][-1] if phases else None,  # rank 0, last step
+        "tensor_peak": ranks[0]["allocations"],  # rank 0, last step (--allocations)
     }
 
 
@@ -214,6 +249,11 @@ def main() -> None:
         action="store_true",
         help="also sample RSS inside each phase of a step (forward, backward, optimizer...)",
     )
+    parser.add_argument(
+        "--allocations",
+        action="store_true",
+        help="also profile rank 0's last step: the peak of the bytes torch's tensors hold",
+    )
     parser.add_argument("--rank", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
@@ -232,6 +272,7 @@ def main() -> None:
                 result = run_job(
                     root, model_dir, data, strategy, steps, str(i),
                     reshard=not args.no_reshard, phases=args.phases,
+                    allocations=args.allocations,
                 )  # fmt: skip
                 runs[strategy].append(result)
                 print(
@@ -243,6 +284,8 @@ def main() -> None:
                 )
                 if result["phase_peaks_mb"]:
                     print(f"  {strategy} phase peaks (MB): {result['phase_peaks_mb']}", flush=True)
+                if result["tensor_peak"]:
+                    print(f"  {strategy} tensors (MB): {result['tensor_peak']}", flush=True)
     med = {
         s: {
             k: statistics.median(r[k] for r in rs)
@@ -252,6 +295,9 @@ def main() -> None:
     }
     step_ratio = med["fsdp"]["step_s"] / med["ddp"]["step_s"]
     rss_ratio = med["fsdp"]["rss_peak_mb"] / med["ddp"]["rss_peak_mb"]
+    tensor = (
+        [runs[s][-1]["tensor_peak"]["peak_mb"] for s in ("fsdp", "ddp")] if args.allocations else []
+    )
     summary = {
         "model": f"SmolLM2-135M shape, {layers} layers, random weights, fp32",
         "processes": 2,
@@ -272,6 +318,8 @@ def main() -> None:
             med["fsdp"]["rss_after_steps_mb"] / med["ddp"]["rss_after_steps_mb"], 3
         ),
         "phase_peaks_mb": {s: rs[-1]["phase_peaks_mb"] for s, rs in runs.items()},
+        "tensor_peak": {s: rs[-1]["tensor_peak"] for s, rs in runs.items()},
+        "tensor_peak_ratio": round(tensor[0] / tensor[1], 3) if args.allocations else None,
         "met": {"step_time_ratio": step_ratio <= 1.3, "peak_rss_ratio": rss_ratio <= 0.6},
     }
     print(json.dumps(summary))
