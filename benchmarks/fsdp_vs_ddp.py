@@ -46,14 +46,8 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from contract.memory import BUILTIN_SHAPES  # noqa: E402
+from gpu_models import SMOLLM2_SHAPE  # noqa: E402  (imports contract, on the path above)
 
-SMOLLM2_SHAPE = {
-    **BUILTIN_SHAPES["smollm2-135m-instruct"].llama_config(),
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 100000.0,
-}
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
 
 
@@ -62,17 +56,14 @@ def peak_rss_mb() -> float:
 
 
 def build_model(root: Path, layers: int) -> Path:
-    """SmolLM2's shape, random weights, tiny-llama's tokenizer (ids < 512 fit any vocab)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from trainer.modeling import resolve_model
+    """SmolLM2's shape, random weights (fp32), tiny-llama's tokenizer (ids < 512 fit any vocab)."""
+    from trainer.modeling import load_tokenizer, resolve_model
+    from trainer.modeling.sources import save_random_llama
 
     out = root / "model"
-    config = LlamaConfig(**{**SMOLLM2_SHAPE, "num_hidden_layers": layers})
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(resolve_model("tiny-llama")).save_pretrained(out)
+    shape = {**SMOLLM2_SHAPE, "num_hidden_layers": layers}
+    tokenizer = load_tokenizer(resolve_model("tiny-llama"))
+    save_random_llama(out, shape, tokenizer, seed=0, max_position_embeddings=8192)
     return out
 
 

@@ -1,6 +1,6 @@
 """Trainer fixtures: a shared model cache, small generated datasets and random models.
 
-    save_random_llama(out, model_class, tokenizer, **config)   a random Llama of tiny-llama's
+    save_random_model(out, model_class, tokenizer, **config)   a random Llama of tiny-llama's
                                       config with `config` on top (seed 0), saved to `out`
     reward_model_dir                  a random one-output sequence classifier (continuous scores)
     recorded_losses                   (calls, holder): every loss call's trainable weights,
@@ -58,7 +58,7 @@ def make_spec(pref_file):
     return make
 
 
-def save_random_llama(out: Path, model_class, tokenizer, **config) -> Path:
+def save_random_model(out: Path, model_class, tokenizer, **config) -> Path:
     """A `model_class` (LlamaForCausalLM, LlamaForSequenceClassification) of tiny-llama's config
     with `config` on top, random weights from seed 0 (the caller's RNG stream untouched), saved
     to `out` with `tokenizer`."""
@@ -86,7 +86,7 @@ def reward_model_dir(tmp_path_factory) -> Path:
 
     shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
     heads = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}
-    return save_random_llama(
+    return save_random_model(
         tmp_path_factory.mktemp("rm"),
         LlamaForSequenceClassification,
         load_tokenizer(resolve_model("tiny-llama")),

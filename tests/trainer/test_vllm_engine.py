@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from contract.spec import JobSpec
-from tests.trainer.conftest import save_random_llama
+from tests.trainer.conftest import save_random_model
 from trainer.modeling import load_policy, load_tokenizer, resolve_model
 from trainer.sampling import SamplingParams, make_sampler
 from trainer.sampling.hf_engine import HFSampler
@@ -72,7 +72,7 @@ def tied_model_dir(tmp_path_factory, tokenizer):
     from transformers import LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("vllm-tied")
-    return save_random_llama(out, LlamaForCausalLM, tokenizer, **TIED_SHAPE)
+    return save_random_model(out, LlamaForCausalLM, tokenizer, **TIED_SHAPE)
 
 
 def policy_for(model_dir, adapter: str):
