@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -86,6 +87,25 @@ class ObjectStore(Protocol):
     def purge_temp(
         self, older_than_s: float, *, now: float | None = None
     ) -> builtins.list[ObjectInfo]: ...
+
+
+@contextmanager
+def atomic_local_file(path: Path) -> Iterator[Path]:
+    """A temporary sibling of `path` for a download to fill: once the block ends it is
+    fsync'ed and renamed over `path`; on any failure it is removed (no `.part` left)."""
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _dir_prefix(prefix: str) -> str:

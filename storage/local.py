@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from storage.base import ObjectInfo, ObjectNotFound, StorageError, StoreBase
+from storage.base import ObjectInfo, ObjectNotFound, StorageError, StoreBase, atomic_local_file
 from storage.keys import check_key
 
 _COPY_BUFFER = 1 << 20
@@ -135,22 +135,11 @@ class LocalStore(StoreBase):
         src = self._path(key)
         if not src.is_file():
             raise ObjectNotFound(key)
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        tmp = Path(name)
-        try:
-            with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-                shutil.copyfileobj(inp, out, _COPY_BUFFER)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dest)
-        except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
-            raise ObjectNotFound(key) from None
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with atomic_local_file(path) as tmp:
+            try:
+                shutil.copyfile(src, tmp)
+            except FileNotFoundError:  # deleted meanwhile
+                raise ObjectNotFound(key) from None
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

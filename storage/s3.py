@@ -20,41 +20,56 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import boto3
-import boto3.exceptions
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_before_delay,
+    wait_exponential,
+)
 
 from storage.base import (
     ObjectInfo,
     ObjectNotFound,
     StorageError,
-    StorageUnavailableError,
     StoreBase,
+    atomic_local_file,
 )
 from storage.keys import check_key
 from storage.s3_client import (
-    NOT_FOUND_CODES,
+    BOTO_ERRORS,
     TRANSIENT_EXC,
     client_error_code,
     is_transient,
+    list_objects,
     new_client,
     root_cause,
+    storage_error,
+    unfinished_uploads,
 )
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
+
+
+def _log_retry(op: str, key: str, deadline_s: float, state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    log.warning(
+        "S3 %s of %r failed (%s); retrying in %.2fs, giving up in %.1fs",
+        op, key, type(root_cause(exc)).__name__ if exc else "?", state.upcoming_sleep,
+        deadline_s - (state.seconds_since_start or 0.0),
+    )  # fmt: skip
 
 class S3Store(StoreBase):
     """Objects in `bucket` under `prefix` (key "a/b" is object "{prefix}a/b")."""
@@ -122,42 +137,24 @@ class S3Store(StoreBase):
         return f"{self.prefix}{self.TMP_DIR}/{uuid.uuid4().hex}"
 
     def _error(self, exc: BaseException, op: str, key: str) -> StorageError:
-        cause = root_cause(exc)
-        code, status = client_error_code(cause)
-        if code in NOT_FOUND_CODES:
-            return ObjectNotFound(key)
-        where = self.endpoint_url or "AWS S3"
-        if is_transient(cause):
-            return StorageUnavailableError(
-                f"S3 {op} of {key!r} in bucket {self.bucket!r} failed: endpoint {where} "
-                f"unavailable ({type(cause).__name__}: {cause})"
-            )
-        detail = f"{code} (HTTP {status})" if code else f"{type(cause).__name__}: {cause}"
-        return StorageError(f"S3 {op} of {key!r} in bucket {self.bucket!r} failed: {detail}")
+        return storage_error(exc, op, key, self.bucket, self.endpoint_url or "AWS S3")
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run `fn`, retrying transient failures until `retry_deadline_s` has passed (on top of
-        botocore's own per-request retries); translate failures into StorageError."""
-        deadline = time.monotonic() + self.retry_deadline_s
-        delay = 0.25
-        while True:
-            try:
-                return fn()
-            except (
-                botocore.exceptions.BotoCoreError,
-                botocore.exceptions.ClientError,
-                boto3.exceptions.Boto3Error,
-            ) as exc:
-                if is_transient(exc) and time.monotonic() + delay < deadline:
-                    log.warning(
-                        "S3 %s of %r failed (%s); retrying in %.2fs, giving up in %.1fs",
-                        op, key, type(root_cause(exc)).__name__, delay,
-                        deadline - time.monotonic(),
-                    )  # fmt: skip
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)  # short cap: resume soon after S3 is back
-                    continue
-                raise self._error(exc, op, key) from exc
+        """Run `fn`, retrying transient failures while the next try can still start within
+        `retry_deadline_s` (on top of botocore's own per-request retries; backoff 0.25 s
+        doubling to a short 2 s cap, so work resumes soon after S3 is back); translate
+        failures into StorageError."""
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, BOTO_ERRORS) and is_transient(e)),
+            wait=wait_exponential(multiplier=0.25, max=2.0),
+            stop=stop_before_delay(self.retry_deadline_s),
+            before_sleep=partial(_log_retry, op, key, self.retry_deadline_s),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except BOTO_ERRORS as exc:
+            raise self._error(exc, op, key) from exc
 
     def _ensure_bucket(self, region: str | None) -> None:
         """Create the bucket if it is missing (the embedded/dev setups start from nothing)."""
@@ -344,24 +341,14 @@ class S3Store(StoreBase):
         """Download to `path` atomically: a temporary sibling file (parallel ranged GETs above
         the threshold), fsync, rename."""
         full_key = self._k(key)
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        os.close(fd)
-        try:
+        with atomic_local_file(path) as tmp:
             self._call(
                 "download",
                 key,
                 lambda: self._client.download_file(
-                    self.bucket, full_key, name, Config=self._transfer
+                    self.bucket, full_key, str(tmp), Config=self._transfer
                 ),
             )
-            with open(name, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(name, dest)
-        except BaseException:
-            Path(name).unlink(missing_ok=True)
-            raise
 
     def _head(self, key: str) -> dict[str, Any]:
         full_key = self._k(key)
@@ -379,25 +366,10 @@ class S3Store(StoreBase):
     def size(self, key: str) -> int:
         return int(self._head(key)["ContentLength"])
 
-    def _list_full(self, full_prefix: str, what: str) -> list[str]:
-        def run() -> list[str]:
-            out: list[str] = []
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=full_prefix
-            )
-            for page in pages:
-                out.extend(obj["Key"] for obj in page.get("Contents", []))
-            return out
-
-        return self._call("list", what, run)
-
     def list(self, prefix: str) -> list[str]:
         """Sorted keys starting with `prefix` (relative to the store's own prefix), without the
         store's temporary objects."""
-        full = self._k(prefix, prefix=True)
-        n = len(self.prefix)
-        tmp_root = f"{self.prefix}{self.TMP_DIR}/"
-        return sorted(k[n:] for k in self._list_full(full, prefix) if not k.startswith(tmp_root))
+        return [o.key for o in self.scan(prefix)]
 
     # --- deletes and moves --------------------------------------------------------------------
     def delete(self, key: str) -> None:
@@ -430,7 +402,7 @@ class S3Store(StoreBase):
         if not prefix:
             raise ValueError("refusing to delete an empty prefix (the whole store)")
         full = self._k(prefix, prefix=True)
-        self._delete_many(self._list_full(full, prefix), prefix)
+        self._delete_many([o["Key"] for o in self._list(full, prefix)], prefix)
 
     def move(self, src: str, dst: str) -> None:
         """Server-side copy `src` → `dst`, then delete `src`. Each step is idempotent, so a
@@ -461,15 +433,10 @@ class S3Store(StoreBase):
     # --- listings for the sweeper (worker.sweeper) --------------------------------------------
     def scan(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         """`list(prefix)` with each object's size and last-modified time."""
-        full = self._k(prefix, prefix=True)
-        n = len(self.prefix)
         tmp_root = f"{self.prefix}{self.TMP_DIR}/"
-        objs = self._list_info(full, prefix)
-        return sorted(
-            (ObjectInfo(o["Key"][n:], int(o["Size"]), o["LastModified"].timestamp())
-             for o in objs if not o["Key"].startswith(tmp_root)),
-            key=lambda o: o.key,
-        )  # fmt: skip
+        objs = self._list(self._k(prefix, prefix=True), prefix)
+        found = [self._info(o) for o in objs if not o["Key"].startswith(tmp_root)]
+        return sorted(found, key=lambda o: o.key)
 
     def scan_temp(self) -> builtins.list[ObjectInfo]:
         """The temporary objects under `.tmp/`, and every unfinished multipart upload under
@@ -477,42 +444,24 @@ class S3Store(StoreBase):
         take space but are no object, so no listing of objects shows them. An upload's time
         is that of its newest part (of its start if it has none yet)."""
         tmp_root = f"{self.prefix}{self.TMP_DIR}/"
-        n = len(self.prefix)
-        found = [
-            ObjectInfo(o["Key"][n:], int(o["Size"]), o["LastModified"].timestamp())
-            for o in self._list_info(tmp_root, tmp_root)
-        ]
-        return found + self._call("list_multipart_uploads", self.prefix, self._scan_uploads)
-
-    def _list_info(self, full_prefix: str, what: str) -> builtins.list[dict[str, Any]]:
-        def run() -> builtins.list[dict[str, Any]]:
-            out: builtins.list[dict[str, Any]] = []
-            pages = self._client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=full_prefix
-            )
-            for page in pages:
-                out.extend(page.get("Contents", []))
-            return out
-
-        return self._call("list", what, run)
-
-    def _scan_uploads(self) -> builtins.list[ObjectInfo]:
-        n = len(self.prefix)
-        out: builtins.list[ObjectInfo] = []
-        pages = self._client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=self.prefix
+        found = [self._info(o) for o in self._list(tmp_root, tmp_root)]
+        uploads = self._call(
+            "list_multipart_uploads",
+            self.prefix,
+            partial(unfinished_uploads, self._client, self.bucket, self.prefix),
         )
-        for page in pages:
-            for up in page.get("Uploads", []):
-                size, modified = 0, up["Initiated"].timestamp()
-                for part_page in self._client.get_paginator("list_parts").paginate(
-                    Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"]
-                ):
-                    for part in part_page.get("Parts", []):
-                        size += int(part["Size"])
-                        modified = max(modified, part["LastModified"].timestamp())
-                out.append(ObjectInfo(up["Key"][n:], size, modified, up["UploadId"]))
-        return out
+        n = len(self.prefix)
+        return found + [ObjectInfo(k[n:], size, t, uid) for k, uid, size, t in uploads]
+
+    def _list(self, full_prefix: str, what: str) -> builtins.list[dict[str, Any]]:
+        """Every object under `full_prefix`, as list_objects_v2 describes it."""
+        listing = partial(list_objects, self._client, self.bucket, full_prefix)
+        return self._call("list", what, listing)
+
+    def _info(self, obj: dict[str, Any]) -> ObjectInfo:
+        return ObjectInfo(
+            obj["Key"][len(self.prefix) :], int(obj["Size"]), obj["LastModified"].timestamp()
+        )
 
     def delete_temp(self, obj: ObjectInfo) -> None:
         """Abort an unfinished multipart upload, or delete a temporary object of `.tmp/`."""

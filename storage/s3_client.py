@@ -1,5 +1,6 @@
-"""The boto3 side of the S3 store: one process-wide session to build clients from, and how a
-boto3/botocore error is classified (missing object, transient, anything else)."""
+"""The boto3 side of the S3 store: one process-wide session to build clients from, how a
+boto3/botocore error is classified (missing object, transient, anything else), and the paged
+listings the store reads (objects, unfinished multipart uploads)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import boto3.exceptions
 import boto3.session
 import botocore.exceptions
 
+from storage.base import ObjectNotFound, StorageError, StorageUnavailableError
+
 NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
 _TRANSIENT_CODES = {
     "InternalError",
@@ -21,6 +24,11 @@ _TRANSIENT_CODES = {
     "Throttling",
     "ThrottlingException",
 }
+BOTO_ERRORS: tuple[type[Exception], ...] = (
+    botocore.exceptions.BotoCoreError,
+    botocore.exceptions.ClientError,
+    boto3.exceptions.Boto3Error,
+)
 TRANSIENT_EXC: tuple[type[BaseException], ...] = (
     botocore.exceptions.ConnectionError,  # refused, DNS, connect timeout
     botocore.exceptions.HTTPClientError,  # closed mid-request, read timeout, streaming error
@@ -65,3 +73,43 @@ def is_transient(exc: BaseException) -> bool:
         return True
     code, status = client_error_code(exc)
     return status >= 500 or code in _TRANSIENT_CODES
+
+
+def storage_error(exc: BaseException, op: str, key: str, bucket: str, where: str) -> StorageError:
+    """What the store raises for a failed S3 call: ObjectNotFound, StorageUnavailableError
+    (transient: the endpoint `where` is down or overloaded) or StorageError (anything else),
+    naming the operation, the key and the bucket."""
+    cause = root_cause(exc)
+    code, status = client_error_code(cause)
+    if code in NOT_FOUND_CODES:
+        return ObjectNotFound(key)
+    what = f"S3 {op} of {key!r} in bucket {bucket!r} failed"
+    if is_transient(cause):
+        return StorageUnavailableError(
+            f"{what}: endpoint {where} unavailable ({type(cause).__name__}: {cause})"
+        )
+    detail = f"{code} (HTTP {status})" if code else f"{type(cause).__name__}: {cause}"
+    return StorageError(f"{what}: {detail}")
+
+
+def list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+    """Every object under `prefix`, as list_objects_v2 describes it (Key, Size, LastModified)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [obj for page in pages for obj in page.get("Contents", [])]
+
+
+def unfinished_uploads(client: Any, bucket: str, prefix: str) -> list[tuple[str, str, int, float]]:
+    """(key, upload id, bytes of its parts, time of its newest part or of its start) of every
+    multipart upload under `prefix` that was neither completed nor aborted."""
+    out = []
+    pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+    for up in (u for page in pages for u in page.get("Uploads", [])):
+        size, modified = 0, up["Initiated"].timestamp()
+        for part_page in client.get_paginator("list_parts").paginate(
+            Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"]
+        ):
+            for part in part_page.get("Parts", []):
+                size += int(part["Size"])
+                modified = max(modified, part["LastModified"].timestamp())
+        out.append((up["Key"], up["UploadId"], size, modified))
+    return out
