@@ -153,16 +153,13 @@ def test_metrics_on_the_api_port_when_the_operator_says_so(settings, store, queu
 
 
 def test_metrics_on_their_own_port(settings, store, queue, db_sessions, team_a):
-    import socket
-
     import httpx
     from fastapi.testclient import TestClient
 
     from api.main import create_app, serve_metrics
+    from tests.fixtures.live import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     own = settings.model_copy(update={"METRICS_PORT": port})
     app = create_app(own, store=store, queue=queue, session_factory=db_sessions)
     client = TestClient(app)

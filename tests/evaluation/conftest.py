@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,14 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.fixtures.live import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-test-local"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

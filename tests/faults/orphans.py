@@ -6,6 +6,7 @@ references (a file's object, a checkpoint's prefix, a final model's prefix, a re
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from sqlalchemy import select
 
 from models.tables import Checkpoint, Evaluation, File, Job
 from storage import LocalStore, S3Store
+from worker.sweeper import sweep
 
 
 def physical(store: Any) -> dict[str, int]:
@@ -56,4 +58,28 @@ def orphans(store: Any, sessions: Any) -> dict[str, int]:
         key: size
         for key, size in physical(store).items()
         if key not in keys and not any(key.startswith(p) for p in prefixes)
+    }
+
+
+def temp_bytes(store) -> int:
+    """Bytes of temporary files (local) or unfinished multipart uploads (S3)."""
+    return sum(
+        size for key, size in physical(store).items()
+        if key.startswith(".tmp/") or key.endswith("#upload")
+    )  # fmt: skip
+
+
+def sweep_later(sessions, store) -> dict:
+    """Orphaned bytes (tests.faults.orphans: the backend itself against the rows) before and
+    after one sweep run as if an hour had passed (the grace period protects young objects;
+    nothing here writes any more)."""
+    before = orphans(store, sessions)
+    report = sweep(sessions, store, grace_seconds=3600, now=time.time() + 3601)
+    after = orphans(store, sessions)
+    return {
+        "orphaned_bytes_before_sweep": sum(before.values()),
+        "orphaned_bytes_after_sweep": sum(after.values()),
+        "orphans_before": sorted(before),
+        "orphans_after": sorted(after),
+        "sweep": report.as_dict(),
     }
