@@ -1,6 +1,6 @@
 """The tree as the README and the package docstrings describe it, and as CI checks it: a
-folder or module added without saying where it belongs, or a package left out of the lint and
-type check, fails here."""
+folder or module added without saying where it belongs, a package left out of the lint and
+type check, or a module grown past MAX_MODULE_LINES, fails here."""
 
 from __future__ import annotations
 
@@ -14,16 +14,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Packages whose docstring is their table of contents: each module and subpackage named.
 DESCRIBED = ["api", "api/routes", "contract", "models", "worker", "trainer", "tools"]
+MAX_MODULE_LINES = 500  # a longer module mixes concerns: split it (tests and benchmarks too)
 
 
-def _tracked_top_level() -> set[str]:
+def _tracked() -> list[str]:
     try:
         out = subprocess.run(
             ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
-    return {line.split("/")[0] for line in out.splitlines() if "/" in line}
+    return out.splitlines()
+
+
+def _tracked_top_level() -> set[str]:
+    return {line.split("/")[0] for line in _tracked() if "/" in line}
+
+
+def test_no_module_is_over_the_line_limit():
+    lengths = {
+        path: len((ROOT / path).read_text().splitlines())
+        for path in _tracked()
+        if path.endswith(".py") and (ROOT / path).is_file()
+    }
+    over = {path: n for path, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert len(lengths) > 300 and not over, f"over {MAX_MODULE_LINES} lines: {over}"
 
 
 def _layout_table() -> str:
