@@ -71,6 +71,7 @@ def _log_retry(op: str, key: str, deadline_s: float, state: RetryCallState) -> N
         deadline_s - (state.seconds_since_start or 0.0),
     )  # fmt: skip
 
+
 class S3Store(StoreBase):
     """Objects in `bucket` under `prefix` (key "a/b" is object "{prefix}a/b")."""
 
