@@ -59,21 +59,16 @@ def make_spec(pref_file):
 
 
 def save_random_model(out: Path, model_class, tokenizer, **config) -> Path:
-    """A `model_class` (LlamaForCausalLM, LlamaForSequenceClassification) of tiny-llama's config
+    """A `model_class` (LlamaForCausalLM, LlamaForSequenceClassification) of tiny-llama's shape
     with `config` on top, random weights from seed 0 (the caller's RNG stream untouched), saved
-    to `out` with `tokenizer`."""
-    import torch
-    from transformers import LlamaConfig
+    to `out` with `tokenizer` (trainer.modeling.sources.save_random_llama)."""
+    from contract.memory import BUILTIN_SHAPES
+    from trainer.modeling.sources import save_random_llama
 
-    from trainer.modeling import resolve_model
-
-    cfg = LlamaConfig.from_pretrained(resolve_model("tiny-llama"))
-    cfg.update(config)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = model_class(cfg)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    shape = {**BUILTIN_SHAPES["tiny-llama"].llama_config(), **config}
+    save_random_llama(
+        out, shape, tokenizer, seed=0, max_position_embeddings=2048, model_class=model_class
+    )
     return out
 
 

@@ -266,10 +266,12 @@ def save_random_llama(
     max_position_embeddings: int,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
+    model_class: type[PreTrainedModel] = LlamaForCausalLM,
 ) -> None:
     """A Llama of `shape` (LlamaConfig's keyword arguments) with random weights drawn from
     `seed`, saved with `tokenizer` (whose special tokens it uses) as an HF directory. The CPU
-    RNG is forked, so a CPU caller's stream is untouched (on a GPU `seed` reseeds the GPU's)."""
+    RNG is forked, so a CPU caller's stream is untouched (on a GPU `seed` reseeds the GPU's).
+    `model_class`: another Llama head (LlamaForSequenceClassification: a reward model)."""
     config = LlamaConfig(
         **shape,
         max_position_embeddings=max_position_embeddings,
@@ -280,8 +282,9 @@ def save_random_llama(
     )
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(dtype)
-    model.generation_config = GenerationConfig.from_model_config(config)
+        model = model_class(config).to(dtype)
+    if model.can_generate():
+        model.generation_config = GenerationConfig.from_model_config(config)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
