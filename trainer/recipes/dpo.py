@@ -36,13 +36,14 @@ class DPORecipe(ObjectiveRecipe[DPOConfig]):
 
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
         n = len(mb.indices)
+        mask = batch.mask.to(pol.device)  # collated on the host
         return dpo_loss(
             pol[:n],
             ref[:n],
-            batch.mask[:n],
+            mask[:n],
             pol[n:],
             ref[n:],
-            batch.mask[n:],
+            mask[n:],
             self.cfg,
             humanline=ctx.humanline,
             length_normalize=ctx.length_normalize,

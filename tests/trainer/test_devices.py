@@ -1,0 +1,90 @@
+"""Every objective's loss keeps to the policy's device, without a GPU.
+
+The trainer collates batches on the host and the policy scores them on its own device, so a
+recipe that combines a batch tensor (a mask, a label) with the log-probs must move it there
+first. On a CPU-only machine both are on the CPU and nothing would show a slip: here the loss
+of a real training step is called again with the policy's and the reference's log-probs on
+the `meta` device (shapes without data; an op that mixes it with a CPU tensor is refused, as
+one that mixes CUDA and CPU is), the batch as the trainer made it. Found on an H100: DPO's
+masks stayed on the CPU and every DPO job failed at step 1, on every device but the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trainer.losses.dpo
+import trainer.losses.grpo
+import trainer.losses.kto
+import trainer.train as train_mod
+from trainer.synthetic import write_jsonl
+
+
+def _online_grpo(tmp_path):
+    prompts = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in range(8)]
+    return {
+        "training_file": str(write_jsonl(tmp_path / "prompts.jsonl", prompts)),
+        "objective": "grpo",
+        "variant": "online+humanline",
+        "batch_size": 8,
+        "online": {
+            "num_samples": 4,
+            "max_new_tokens": 6,
+            "tau": 0.0,
+            "engine": "hf",
+            "rewards": [{"name": "math_accuracy"}],
+        },
+    }
+
+
+CASES = {
+    "dpo": lambda tmp_path, files: {"objective": "dpo"},
+    "dpo-lora": lambda tmp_path, files: {"objective": "dpo", "adapter": {"kind": "lora", "r": 4}},
+    "kto": lambda tmp_path, files: {"objective": "kto", "training_file": str(files["unpaired"])},
+    "dpo-offline": lambda tmp_path, files: {"objective": "dpo", "variant": "offline"},
+    "grpo-online": lambda tmp_path, files: _online_grpo(tmp_path),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_loss_runs_with_the_policy_on_another_device(
+    case, tmp_path, make_spec, unpaired_file, monkeypatch
+):
+    seen: list[tuple] = []
+    real_make_recipe = train_mod.make_recipe
+
+    def make_recipe(spec):
+        recipe = real_make_recipe(spec)
+        real_loss = recipe.loss
+
+        def loss(pol, ref, batch, mb, examples, ctx):
+            seen.append((real_loss, pol.detach(), ref.detach(), batch, mb, examples, ctx))
+            return real_loss(pol, ref, batch, mb, examples, ctx)
+
+        recipe.loss = loss
+        return recipe
+
+    monkeypatch.setattr(train_mod, "make_recipe", make_recipe)
+    spec = make_spec(
+        **{"variant": "offline+humanline", "max_steps": 1, "quality_sample": 0}
+        | CASES[case](tmp_path, {"unpaired": unpaired_file})
+    )
+    train_mod.Trainer(spec, tmp_path / "run", progress=False).step(1)
+    assert seen, "the step called no loss"
+    real_loss, pol, ref, batch, mb, examples, ctx = seen[0]
+    assert batch.mask.device.type == "cpu"  # as collated: what the loss must move
+
+    # Metrics leave the device through to_floats (a host copy that meta tensors cannot make).
+    for module in (trainer.losses.dpo, trainer.losses.kto, trainer.losses.grpo):
+        monkeypatch.setattr(module, "to_floats", lambda metrics: dict.fromkeys(metrics, 0.0))
+    pol_dev = torch.empty(pol.shape, dtype=pol.dtype, device="meta", requires_grad=True)
+    ref_dev = torch.empty(ref.shape, dtype=ref.dtype, device="meta")
+    if case == "kto":
+        # KTO counts its desirable examples on the host (which metrics exist): a value meta
+        # tensors do not have. Every op that mixes the batch with the log-probs comes before.
+        with pytest.raises(RuntimeError, match=r"item\(\) cannot be called on meta"):
+            real_loss(pol_dev, ref_dev, batch, mb, examples, ctx)
+        return
+    out = real_loss(pol_dev, ref_dev, batch, mb, examples, ctx)
+    assert out.loss.device.type == "meta" and out.loss.shape == ()
