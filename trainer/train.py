@@ -145,8 +145,8 @@ class Trainer:
         )
         self.humanline = spec.humanline_params if spec.humanline else None
         self._batches: dict[tuple[int, int], TokenBatch] = {}
-        # One pass per shared prompt (trainer.tokenize.SharedPrefix); under FSDP every batch
-        # takes that layout, so all ranks run the same (collective) forwards.
+        # One pass per shared prompt (trainer.tokenize.SharedPrefix) on the CPU, none on a GPU;
+        # under FSDP every batch takes the same layout, so all ranks run the same forwards.
         self.share_prompts = self.parallel.share_prompts
 
         # ---- resume, or step 0 ----------------------------------------------------------------
@@ -274,7 +274,8 @@ class Trainer:
         examples = self.data.examples
 
         def make(idx):
-            return collate([s for i in idx for s in self.recipe.sequences(examples[i])], pad)  # noqa: E731
+            seqs = [s for i in idx for s in self.recipe.sequences(examples[i])]
+            return collate(seqs, pad, self.share_prompts)
 
         seed = derive_seed(self.spec.seed, "quality")
         quality = data_quality(
