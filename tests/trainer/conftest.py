@@ -4,7 +4,8 @@
                                       config with `config` on top (seed 0), saved to `out`
     reward_model_dir                  a random one-output sequence classifier (continuous scores)
     recorded_losses                   (calls, holder): every loss call's trainable weights,
-                                      batch, reference and policy log-probs; holder["model"]
+                                      batch, reference and policy log-probs and the rest of its
+                                      arguments; holder["model"], holder["loss"] (the real one)
 """
 
 from pathlib import Path
@@ -94,8 +95,9 @@ def reward_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def recorded_losses(monkeypatch):
     """Wraps the recipe's loss: `calls` gets, per call, the trainable weights the policy had
-    during that forward ("weights"), the batch, and the reference and policy log-probs the loss
-    received ("ref", "pol"); `holder["model"]` is the policy."""
+    during that forward ("weights"), the batch, the reference and policy log-probs the loss
+    received ("ref", "pol") and its other arguments ("mb", "examples", "ctx");
+    `holder["model"]` is the policy, `holder["loss"]` the recipe's own loss."""
     import trainer.train as train_mod
     from trainer.modeling import trainable_state_dict
 
@@ -109,13 +111,14 @@ def recorded_losses(monkeypatch):
 
     def make_recipe(spec):
         recipe = real_recipe(spec)
-        real_loss = recipe.loss
+        real_loss = holder["loss"] = recipe.loss
 
         def loss(pol, ref, batch, mb, examples, ctx):
             state = trainable_state_dict(holder["model"])
             calls.append({
                 "weights": {k: v.detach().clone() for k, v in state.items()},
                 "batch": batch, "ref": ref.detach().clone(), "pol": pol.detach().clone(),
+                "mb": mb, "examples": examples, "ctx": ctx,
             })  # fmt: skip
             return real_loss(pol, ref, batch, mb, examples, ctx)
 

@@ -20,73 +20,50 @@ import trainer.losses.kto
 import trainer.train as train_mod
 from trainer.synthetic import write_jsonl
 
-
-def _online_grpo(tmp_path):
-    prompts = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in range(8)]
-    return {
-        "training_file": str(write_jsonl(tmp_path / "prompts.jsonl", prompts)),
-        "objective": "grpo",
-        "variant": "online+humanline",
-        "batch_size": 8,
-        "online": {
-            "num_samples": 4,
-            "max_new_tokens": 6,
-            "tau": 0.0,
-            "engine": "hf",
-            "rewards": [{"name": "math_accuracy"}],
-        },
-    }
-
-
+PROMPTS = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in range(8)]
+ONLINE = {"num_samples": 4, "max_new_tokens": 6, "tau": 0.0, "engine": "hf"}
 CASES = {
-    "dpo": lambda tmp_path, files: {"objective": "dpo"},
-    "dpo-lora": lambda tmp_path, files: {"objective": "dpo", "adapter": {"kind": "lora", "r": 4}},
-    "kto": lambda tmp_path, files: {"objective": "kto", "training_file": str(files["unpaired"])},
-    "dpo-offline": lambda tmp_path, files: {"objective": "dpo", "variant": "offline"},
-    "grpo-online": lambda tmp_path, files: _online_grpo(tmp_path),
+    "dpo": {"objective": "dpo"},
+    "dpo-lora": {"objective": "dpo", "adapter": {"kind": "lora", "r": 4}},
+    "dpo-offline": {"objective": "dpo", "variant": "offline"},
+    "kto": {"objective": "kto"},  # on the unpaired file
+    "grpo-online": {  # on PROMPTS
+        "objective": "grpo",
+        "batch_size": 8,
+        "online": {**ONLINE, "rewards": [{"name": "math_accuracy"}]},
+    },
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_loss_runs_with_the_policy_on_another_device(
-    case, tmp_path, make_spec, unpaired_file, monkeypatch
+    case, tmp_path, make_spec, unpaired_file, recorded_losses, monkeypatch
 ):
-    seen: list[tuple] = []
-    real_make_recipe = train_mod.make_recipe
-
-    def make_recipe(spec):
-        recipe = real_make_recipe(spec)
-        real_loss = recipe.loss
-
-        def loss(pol, ref, batch, mb, examples, ctx):
-            seen.append((real_loss, pol.detach(), ref.detach(), batch, mb, examples, ctx))
-            return real_loss(pol, ref, batch, mb, examples, ctx)
-
-        recipe.loss = loss
-        return recipe
-
-    monkeypatch.setattr(train_mod, "make_recipe", make_recipe)
-    spec = make_spec(
-        **{"variant": "offline+humanline", "max_steps": 1, "quality_sample": 0}
-        | CASES[case](tmp_path, {"unpaired": unpaired_file})
-    )
-    train_mod.Trainer(spec, tmp_path / "run", progress=False).step(1)
-    assert seen, "the step called no loss"
-    real_loss, pol, ref, batch, mb, examples, ctx = seen[0]
+    calls, holder = recorded_losses
+    kw = {"variant": "offline+humanline", "max_steps": 1, "quality_sample": 0} | CASES[case]
+    if case == "kto":
+        kw["training_file"] = str(unpaired_file)
+    if case == "grpo-online":
+        kw |= {"variant": "online+humanline", "training_file": str(tmp_path / "prompts.jsonl")}
+        write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    train_mod.Trainer(make_spec(**kw), tmp_path / "run", progress=False).step(1)
+    assert calls, "the step called no loss"
+    call = calls[0]
+    batch, args = call["batch"], (call["mb"], call["examples"], call["ctx"])
     assert batch.mask.device.type == "cpu"  # as collated: what the loss must move
 
     # Metrics leave the device through to_floats (a host copy that meta tensors cannot make).
     for module in (trainer.losses.dpo, trainer.losses.kto, trainer.losses.grpo):
         monkeypatch.setattr(module, "to_floats", lambda metrics: dict.fromkeys(metrics, 0.0))
-    pol_dev = torch.empty(pol.shape, dtype=pol.dtype, device="meta", requires_grad=True)
-    ref_dev = torch.empty(ref.shape, dtype=ref.dtype, device="meta")
+    pol = torch.empty(call["pol"].shape, device="meta", requires_grad=True)
+    ref = torch.empty(call["ref"].shape, device="meta")
     if case == "kto":
         # KTO counts its desirable examples on the host (which metrics exist): a value meta
         # tensors do not have. Every op that mixes the batch with the log-probs comes before.
         with pytest.raises(RuntimeError, match=r"item\(\) cannot be called on meta"):
-            real_loss(pol_dev, ref_dev, batch, mb, examples, ctx)
+            holder["loss"](pol, ref, batch, *args)
         return
-    out = real_loss(pol_dev, ref_dev, batch, mb, examples, ctx)
+    out = holder["loss"](pol, ref, batch, *args)
     assert out.loss.device.type == "meta" and out.loss.shape == ()
 
 
