@@ -6,8 +6,10 @@ keeps the real size, so the LM head costs what it costs). Checks, each a figure 
 
   bf16        full and LoRA humanline DPO train on the GPU in bf16 (finite loss, margins up)
   overhead    humanline ÷ offline step time, interleaved in one process (<= 1.05, full, LoRA)
+  layout      one forward pass ÷ the shared prompt pass, interleaved (<= 1.0: trainer.distributed
+              runs one pass on a GPU)
   fsdp        FSDP on 1 GPU equals the plain run (fp32: losses rtol 1e-3, exported weights
-              1e-4) - if the spec has the `parallelism` option, else skipped with the reason
+              1e-4), each a `python -m trainer run` as the worker starts one
   online      online GRPO end to end with the transformers engine on the GPU
   trl         ours ÷ TRL DPOTrainer, same model, batch and precision, interleaved (<= 0.6)
   mfu         tokens/s and MFU of a ~1.2B Llama (Llama-3.2-1B shape), full fine-tuning, bf16
@@ -185,64 +187,65 @@ def part_bf16(r: Report, s: Setup) -> None:
         del tr
 
 
+def _interleaved(a, b, steps: int) -> float:
+    """b's median step time ÷ a's, the two stepped in turn (alternating who goes first), after
+    two warm-up steps (allocator, kernels, autotuning)."""
+    t_a, t_b = [], []
+    for i in range(1, steps + 1):
+        first, second = (a, b) if i % 2 else (b, a)
+        t1, t2 = first.step(i)["step_time"], second.step(i)["step_time"]
+        if i > min(2, steps - 1):
+            t_a.append(t1 if first is a else t2)
+            t_b.append(t2 if first is a else t1)
+    return statistics.median(t_b) / statistics.median(t_a)
+
+
 def part_overhead(r: Report, s: Setup) -> None:
     from trainer.train import Trainer
 
     # On an H100 a median of 12 interleaved ~0.2 s steps moved by +-10 % between runs; 40 held
     steps = s.steps if s.self_check else max(s.steps, 40)
     for adapter in ("full", "lora"):
-        off = Trainer(
-            s.spec("offline", adapter, max_steps=steps), s.work / f"oh-off-{adapter}",
-            progress=False,
-        )  # fmt: skip
-        hl = Trainer(
-            s.spec("offline+humanline", adapter, max_steps=steps), s.work / f"oh-hl-{adapter}",
-            progress=False,
-        )  # fmt: skip
-        t_off, t_hl = [], []
-        for i in range(1, steps + 1):
-            first, second = (off, hl) if i % 2 else (hl, off)  # alternate who goes first
-            a, b = first.step(i)["step_time"], second.step(i)["step_time"]
-            if i > min(2, steps - 1):  # warm-up: allocator, kernels, autotuning
-                t_off.append(a if first is off else b)
-                t_hl.append(b if first is off else a)
-        ratio = statistics.median(t_hl or [1.0]) / statistics.median(t_off or [1.0])
-        r.figure(
-            f"overhead.{adapter}.humanline_over_offline",
-            ratio,
-            "<= 1.05",
-            ratio <= 1.05,
-            gpu_only=True,
+        off, hl = (
+            Trainer(s.spec(v, adapter, max_steps=steps), s.work / f"oh-{v}-{adapter}",
+                    progress=False)  # fmt: skip
+            for v in ("offline", "offline+humanline")
         )
+        ratio = _interleaved(off, hl, steps)
+        r.figure(
+            f"overhead.{adapter}.humanline_over_offline", ratio, "<= 1.05", ratio <= 1.05,
+            gpu_only=True,
+        )  # fmt: skip
         del off, hl
 
 
-def _fsdp_option(s: Setup):
-    from contract.spec import JobSpec
+def part_layout(r: Report, s: Setup) -> None:
+    """Rows that share a prompt (DPO's chosen and rejected) get a prompt pass of their own on
+    the CPU only (trainer.distributed): one pass ÷ the shared pass, interleaved, at two batch
+    sizes. (Step 1's batch, built as the trainer starts, keeps its default layout: warm-up.)"""
+    from trainer.train import Trainer
 
-    if "parallelism" not in JobSpec.model_fields:
-        return None, "the spec has no `parallelism` option on this branch (FSDP not merged yet)"
-    errors = []
-    for value in ("fsdp", {"kind": "fsdp"}, {"strategy": "fsdp"}):
-        try:
-            s.spec(parallelism=value)
-            return value, None
-        except ValueError as exc:
-            errors.append(str(exc).splitlines()[0])
-    return None, f"no FSDP value of `parallelism` validates: {errors}"
+    for batch in (s.batch, 4 * s.batch):
+        shared, one = (
+            Trainer(s.spec(batch_size=batch), s.work / f"layout-{batch}-{x}", progress=False)
+            for x in ("shared", "one")
+        )
+        shared.share_prompts, one.share_prompts = True, False
+        ratio = _interleaved(shared, one, s.steps)
+        r.figure(
+            f"layout.b{batch}.one_pass_over_shared", ratio, "<= 1.0", ratio <= 1.0, gpu_only=True
+        )
+        del shared, one
 
 
-def part_fsdp(r: Report, s: Setup):
+def part_fsdp(r: Report, s: Setup) -> None:
     """The plain run and the FSDP run of one spec, each a `python -m trainer run` (fresh
     accelerate state), in fp32 so that only sharding differs: same losses, same exported
     weights (rank 0 writes a normal HF directory)."""
     from safetensors.torch import load_file
 
-    value, why = _fsdp_option(s)
-    if why:
-        return why
     losses, weights = {}, {}
-    for name, extra in (("plain", {}), ("fsdp", {"parallelism": value})):
+    for name, extra in (("plain", {}), ("fsdp", {"parallelism": {"strategy": "fsdp"}})):
         out = s.work / f"fsdp-{name}"
         out.mkdir()
         (out / "spec.json").write_text(s.spec(precision="fp32", **extra).model_dump_json())
@@ -288,7 +291,6 @@ def part_fsdp(r: Report, s: Setup):
     # Evidence that FSDP really ran: its checkpoints keep AdamW state sharded, one file per rank.
     sharded = any((s.work / "fsdp-fsdp" / "run" / "checkpoints").glob("step-*/optimizer-rank-0.pt"))
     r.figure("fsdp.sharded_optimizer_state", sharded, "true", sharded)
-    return None
 
 
 def part_online(r: Report, s: Setup, engine: str = "hf", model: Path | None = None) -> None:
@@ -421,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tiny shapes on the CPU (automatic without CUDA)",
     )
-    ap.add_argument("--parts", default="bf16,overhead,fsdp,online,trl,mfu,vllm")
+    ap.add_argument("--parts", default="bf16,overhead,layout,fsdp,online,trl,mfu,vllm")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
@@ -449,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = {
         "bf16": (part_bf16,),
         "overhead": (part_overhead,),
+        "layout": (part_layout,),
         "fsdp": (part_fsdp,),
         "online": (part_online,),
         "trl": (part_trl,),
