@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_smoke  # noqa: E402 - benchmarks/ is on sys.path only from the line above
 
-PARTS = ("bf16", "overhead", "fsdp", "online", "trl", "mfu", "vllm")
+PARTS = ("bf16", "overhead", "layout", "fsdp", "online", "trl", "mfu", "vllm")
 
 
 def test_self_check_runs_every_part(tmp_path):
@@ -42,8 +42,13 @@ def test_self_check_runs_every_part(tmp_path):
         "value": True, "target": "true", "met": True, "enforced": True,
     }  # fmt: skip
     assert figures["online_grpo.hf.succeeded"]["met"] is True
-    for name in ("overhead.full.humanline_over_offline", "trl.ours_over_trl"):
-        assert figures[name]["target"] in ("<= 1.05", "<= 0.6")
+    speed = (
+        "overhead.full.humanline_over_offline",
+        "trl.ours_over_trl",
+        "layout.b2.one_pass_over_shared",  # self-check batch 2 (and 8)
+    )
+    for name in speed:
+        assert figures[name]["target"] in ("<= 1.05", "<= 0.6", "<= 1.0")
         assert figures[name]["enforced"] is False  # speed targets are for the GPU run
         assert figures[name]["value"] > 0
     assert figures["mfu.tokens_per_s"]["value"] > 0
