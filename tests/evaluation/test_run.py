@@ -114,6 +114,7 @@ def test_math_run_writes_result_report_and_progress(tmp_path, trained_dirs):
     assert 0.0 <= doc["metrics"]["pass_at_1"]["value"] <= 1.0
     assert doc["data"]["records"] == 4 and len(doc["data"]["sha256"]) == 64
     assert doc["model"] == {"type": "checkpoint"}  # local paths are not reported
+    assert doc["generation"]["engine"] == "hf" and doc["generation"]["device"] == "cpu"
     assert doc["evaluation"] == {"id": "eval-t"} and doc["code_version"]
     assert json.loads((tmp_path / "result.json").read_text())["metrics"] == doc["metrics"]
     assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")

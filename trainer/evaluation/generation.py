@@ -141,6 +141,11 @@ class Generator:
         model, tokenizer, model_dir = load_model(source, device)
         return cls(model, tokenizer, model_dir, **kw)
 
+    @property
+    def device(self) -> str:
+        """Where the model generates: "cuda" or "cpu" (recorded in the result document)."""
+        return next(self.model.parameters()).device.type
+
     def prompt_tokens(self, prompt: Prompt) -> int:
         from trainer.sampling.types import render_prompt_ids
 

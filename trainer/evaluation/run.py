@@ -130,10 +130,11 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
     from trainer.evaluation.instruction import evaluate_instructions
     from trainer.evaluation.math import DEFAULT_PROMPT, evaluate_math
 
+    engine = config.get("engine", "hf")
     generator = Generator.from_source(
         config["model"],
         device=config.get("device"),
-        engine=config.get("engine", "hf"),
+        engine=engine,
         max_batch_rows=int(config.get("max_batch_rows", 16)),
     )
     gen = dict(config.get("generation") or {})
@@ -152,6 +153,8 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
             progress=progress,
         )
     finished = time.time()
+    # where the samples came from, beside how they were drawn (kept in the API's summary)
+    doc["generation"] = {**doc["generation"], "engine": engine, "device": generator.device}
     doc.update(
         evaluation=config.get("evaluation") or {},
         model={k: v for k, v in config["model"].items() if k != "path"},
