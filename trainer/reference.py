@@ -41,9 +41,7 @@ def _noisy(model: torch.nn.Module) -> list[torch.nn.Module]:
     on (only LoRA's explicit `adapter.dropout`; every model dropout is zeroed at load, so
     `train()` and `eval()` are otherwise the same function, trainer.modeling.policy)."""
     return [
-        m
-        for m in model.modules()
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+        m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
     ]
 
 

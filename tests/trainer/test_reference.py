@@ -66,6 +66,7 @@ def test_lookahead_scores_without_lora_dropout_and_switches_only_the_dropout(mon
     torch.testing.assert_close(ref.logps(1, 0, batch), clean, rtol=0, atol=1e-6)
     torch.testing.assert_close(ref.logps(2, 0, batch), clean, rtol=0, atol=1e-6)
 
+
 def test_scoring_a_deterministic_policy_switches_nothing(monkeypatch):
     model = _lora_policy(dropout=0.0)
     batch = _batch()
