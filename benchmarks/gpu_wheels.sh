@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
 # Download the small wheels benchmarks/gpu_smoke.sh needs on a bare GPU machine (CPython 3.12,
 # manylinux x86_64; torch, transformers, accelerate and peft are already there) into the
-# git-ignored .gpu-wheels/, at the versions of requirements/cpu.lock (< 5 MiB in all):
+# git-ignored .gpu-wheels/, at the versions of requirements/cpu.lock (~25 MiB in all, botocore
+# most of it):
 #   pydantic (+ core, annotated-types, typing-inspection, typing-extensions): contract.spec
 #   trl, datasets (+ dill, multiprocess, fsspec's pinned version): the TRL comparison
-# pyarrow, pandas, xxhash come from the GPU image (datasets needs pyarrow >= 24).
+#   the service part (benchmarks/gpu_service.py; the import closure of the API, the embedded
+#   worker and the SDK, measured): fastapi, starlette, annotated-doc, uvicorn, python-multipart,
+#   sqlalchemy, alembic, mako, pydantic-settings, python-dotenv, tenacity, orjson,
+#   prometheus-client, boto3 (+ botocore, s3transfer, jmespath: storage imports them), and
+#   math-verify (+ latex2sympy2-extended, antlr4-python3-runtime) for the math evaluation's
+#   verifier child (trainer/rewards/_verify_child.py)
+# pyarrow, pandas, xxhash, and httpx, click and h11 come from the GPU image (datasets needs
+# pyarrow >= 24).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-PKGS="pydantic pydantic-core annotated-types typing-inspection typing-extensions trl datasets dill multiprocess fsspec"
+PKGS="pydantic pydantic-core annotated-types typing-inspection typing-extensions trl datasets dill multiprocess fsspec
+fastapi starlette annotated-doc uvicorn python-multipart sqlalchemy alembic mako pydantic-settings
+python-dotenv tenacity orjson prometheus-client boto3 botocore s3transfer jmespath
+math-verify latex2sympy2-extended antlr4-python3-runtime"
 reqs=()
 for p in $PKGS; do
     v=$(grep -i "^$p==" requirements/cpu.lock | head -1 | cut -d= -f3)

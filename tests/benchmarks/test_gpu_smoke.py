@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_smoke  # noqa: E402 - benchmarks/ is on sys.path only from the line above
 
-PARTS = ("bf16", "overhead", "layout", "fsdp", "online", "trl", "mfu", "vllm")
+PARTS = ("bf16", "overhead", "layout", "fsdp", "online", "trl", "mfu", "service", "vllm")
 
 
 def test_self_check_runs_every_part(tmp_path):
@@ -42,6 +42,15 @@ def test_self_check_runs_every_part(tmp_path):
         "value": True, "target": "true", "met": True, "enforced": True,
     }  # fmt: skip
     assert figures["online_grpo.hf.succeeded"]["met"] is True
+    # the product end to end (SDK -> API -> worker -> trainer, evaluations): a CPU worker here
+    for name, value in (
+        ("service.job_status", "succeeded"),
+        ("service.trained_on", "cpu"),
+        ("service.eval_math.generated_on", "cpu"),
+        ("service.eval_instruction.generated_on", "cpu"),
+    ):
+        assert figures[name]["value"] == value and figures[name]["enforced"] is True, name
+    assert figures["service.checkpoint_steps"]["met"] is True
     speed = (
         "overhead.full.humanline_over_offline",
         "trl.ours_over_trl",
