@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, cast
 
 import torch
 
@@ -19,6 +19,14 @@ from trainer.plan import MicroBatch
 from trainer.tokenize import ChatTokenizer, TokenBatch, TokenSeq
 
 
+class SequenceOptions(TypedDict):
+    """The keywords every sequence-level loss (trainer.losses: DPO, KTO) takes from a step."""
+
+    humanline: HumanlineParams | None
+    length_normalize: bool
+    generator: torch.Generator | None
+
+
 @dataclass
 class LossContext:
     humanline: HumanlineParams | None
@@ -26,6 +34,13 @@ class LossContext:
     generator: torch.Generator | None = None
     token_normalizer: float | None = None  # token-level objectives: global tokens per process
     kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # gathers across ranks
+
+    def sequence_options(self) -> SequenceOptions:
+        return SequenceOptions(
+            humanline=self.humanline,
+            length_normalize=self.length_normalize,
+            generator=self.generator,
+        )
 
 
 class Recipe(Protocol):

@@ -45,7 +45,5 @@ class DPORecipe(ObjectiveRecipe[DPOConfig]):
             ref[n:],
             mask[n:],
             self.cfg,
-            humanline=ctx.humanline,
-            length_normalize=ctx.length_normalize,
-            generator=ctx.generator,
+            **ctx.sequence_options(),
         )

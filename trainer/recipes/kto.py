@@ -87,8 +87,6 @@ class KTORecipe(ObjectiveRecipe[KTOConfig]):
             ref[n:],
             mask[n:],
             self.cfg,
-            humanline=ctx.humanline,
-            length_normalize=ctx.length_normalize,
-            generator=ctx.generator,
+            **ctx.sequence_options(),
             kl_reduce=ctx.kl_reduce,
         )
