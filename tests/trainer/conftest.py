@@ -2,6 +2,8 @@
 
     save_random_model(out, model_class, tokenizer, **config)   a random Llama of tiny-llama's
                                       config with `config` on top (seed 0), saved to `out`
+    moved_policy(**adapter)           tiny-llama's policy (trainer.modeling.load_policy) with its
+                                      trainable weights moved off their init (LoRA's zero B too)
     reward_model_dir                  a random one-output sequence classifier (continuous scores)
     recorded_losses                   (calls, holder): every loss call's trainable weights,
                                       batch, reference and policy log-probs and the rest of its
@@ -71,6 +73,28 @@ def save_random_model(out: Path, model_class, tokenizer, **config) -> Path:
         out, shape, tokenizer, seed=0, max_position_embeddings=2048, model_class=model_class
     )
     return out
+
+
+def moved_policy(**adapter):
+    """load_policy of tiny-llama with `adapter` (default full fine-tuning), every trainable weight
+    moved by N(0, 0.02) noise from seed 0, so a LoRA adapter changes what the model computes."""
+    import torch
+
+    from trainer.modeling import load_policy, resolve_model
+
+    torch.manual_seed(0)
+    spec = JobSpec(
+        base_model="tiny-llama",
+        training_file="x.jsonl",
+        objective="dpo",
+        adapter=adapter or {"kind": "none"},
+    )
+    model = load_policy(spec, resolve_model("tiny-llama"))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, dtype=p.dtype) * 0.02)
+    return model
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contract.spec import JobSpec
+from tests.trainer.conftest import moved_policy
 from trainer.logps import token_logps
-from trainer.modeling import load_policy, resolve_model
 from trainer.tokenize import TokenSeq, collate
 
 PAD = 0
@@ -42,19 +41,9 @@ def _completion_logps(lp: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor
 
 
 def _model(adapter: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    spec = JobSpec(
-        base_model="tiny-llama",
-        training_file="x.jsonl",
-        objective="dpo",
-        adapter={"kind": adapter} if adapter == "none" else {"kind": "lora", "r": 4, "alpha": 8},
-    )
-    model = load_policy(spec, resolve_model("tiny-llama"))
-    with torch.no_grad():  # move LoRA's zero-initialised B too, so the adapter matters
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, dtype=p.dtype) * 0.02)
-    return model
+    if adapter == "none":
+        return moved_policy(kind="none")
+    return moved_policy(kind="lora", r=4, alpha=8)
 
 
 def test_collate_shares_each_repeated_prompt_once():

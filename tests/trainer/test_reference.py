@@ -6,27 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from contract.spec import JobSpec
+from tests.trainer.conftest import moved_policy
 from trainer.logps import batch_logps
-from trainer.modeling import load_policy, resolve_model
 from trainer.reference import AdapterOff, Lookahead
 from trainer.tokenize import TokenSeq, collate
 
 
 def _lora_policy(dropout: float) -> torch.nn.Module:
-    torch.manual_seed(0)
-    spec = JobSpec(
-        base_model="tiny-llama",
-        training_file="x.jsonl",
-        objective="dpo",
-        adapter={"kind": "lora", "r": 4, "alpha": 8, "dropout": dropout},
-    )
-    model = load_policy(spec, resolve_model("tiny-llama"))
-    with torch.no_grad():  # a non-zero B, so the adapter (and its dropout) matters
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape) * 0.05)
-    return model
+    return moved_policy(kind="lora", r=4, alpha=8, dropout=dropout)
 
 
 def _batch():
