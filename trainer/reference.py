@@ -48,8 +48,8 @@ def _noisy(model: torch.nn.Module) -> list[torch.nn.Module]:
 @contextmanager
 def _scoring(noisy: list[torch.nn.Module]) -> Iterator[None]:
     """No grad, no dropout; restores the training mode afterwards. Only `noisy` (see _noisy)
-    is switched: `model.eval()` and back walks every module in Python, ~9 ms a step for a
-    30-layer model on a GPU host, 5 % of a SmolLM2-shape step (benchmarks/gpu_smoke.py)."""
+    is switched: `model.eval()` and back walks every module in Python, which cost 3-4 % of a
+    SmolLM2-shape humanline step on an H100, 7-9 % with LoRA (docs/deploy.md)."""
     modes = [m.training for m in noisy]
     for m in noisy:
         m.train(False)
