@@ -17,7 +17,7 @@ if ! "$PY" -c "import pydantic, trl, datasets, fastapi, sqlalchemy, uvicorn, mat
             --target /tmp/humanline-site .gpu-wheels/*.whl
         export PYTHONPATH=/tmp/humanline-site${PYTHONPATH:+:$PYTHONPATH}
     else
-        echo "pydantic, trl or datasets missing: run benchmarks/gpu_wheels.sh and carry .gpu-wheels/" >&2
+        echo "packages missing (pydantic, trl, fastapi, ...): run benchmarks/gpu_wheels.sh and carry .gpu-wheels/" >&2
     fi
 fi
 export PYTHONPATH=$PWD:$PWD/client${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
