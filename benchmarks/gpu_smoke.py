@@ -5,7 +5,8 @@ a real shape, saved here with the tiny-llama BPE tokenizer (vocab 512; the model
 keeps the real size, so the LM head costs what it costs). Checks, each a figure with a target:
 
   bf16        full and LoRA humanline DPO train on the GPU in bf16 (finite loss, margins up)
-  overhead    humanline ÷ offline step time, interleaved in one process (<= 1.05, full, LoRA)
+  overhead    humanline ÷ offline step time, interleaved in one process (<= 1.05, full, LoRA);
+              and what scoping the reference's eval switch saves (reported; gpu_speed.py)
   layout      one forward pass ÷ the shared prompt pass, interleaved (<= 1.0: trainer.distributed
               runs one pass on a GPU)
   fsdp        FSDP on 1 GPU equals the plain run (fp32: losses rtol 1e-3, exported weights
@@ -52,6 +53,7 @@ from gpu_models import (  # noqa: E402
     reward_model,
 )
 from gpu_service import part_service  # noqa: E402
+from gpu_speed import part_layout, part_overhead  # noqa: E402
 from trl_baseline import trl_dpo_trainer  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -188,57 +190,6 @@ def part_bf16(r: Report, s: Setup) -> None:
         if torch.cuda.is_available():
             r.figure(f"bf16.{adapter}.peak_gib", torch.cuda.max_memory_allocated() / 2**30)
         del tr
-
-
-def _interleaved(a, b, steps: int) -> float:
-    """b's median step time ÷ a's, the two stepped in turn (alternating who goes first), after
-    two warm-up steps (allocator, kernels, autotuning)."""
-    t_a, t_b = [], []
-    for i in range(1, steps + 1):
-        first, second = (a, b) if i % 2 else (b, a)
-        t1, t2 = first.step(i)["step_time"], second.step(i)["step_time"]
-        if i > min(2, steps - 1):
-            t_a.append(t1 if first is a else t2)
-            t_b.append(t2 if first is a else t1)
-    return statistics.median(t_b) / statistics.median(t_a)
-
-
-def part_overhead(r: Report, s: Setup) -> None:
-    from trainer.train import Trainer
-
-    # On an H100 a median of 12 interleaved ~0.2 s steps moved by +-10 % between runs; 40 held
-    steps = s.steps if s.self_check else max(s.steps, 40)
-    for adapter in ("full", "lora"):
-        off, hl = (
-            Trainer(s.spec(v, adapter, max_steps=steps), s.work / f"oh-{v}-{adapter}",
-                    progress=False)  # fmt: skip
-            for v in ("offline", "offline+humanline")
-        )
-        ratio = _interleaved(off, hl, steps)
-        r.figure(
-            f"overhead.{adapter}.humanline_over_offline", ratio, "<= 1.05", ratio <= 1.05,
-            gpu_only=True,
-        )  # fmt: skip
-        del off, hl
-
-
-def part_layout(r: Report, s: Setup) -> None:
-    """Rows that share a prompt (DPO's chosen and rejected) get a prompt pass of their own on
-    the CPU only (trainer.distributed): one pass ÷ the shared pass, interleaved, at two batch
-    sizes. (Step 1's batch, built as the trainer starts, keeps its default layout: warm-up.)"""
-    from trainer.train import Trainer
-
-    for batch in (s.batch, 4 * s.batch):
-        shared, one = (
-            Trainer(s.spec(batch_size=batch), s.work / f"layout-{batch}-{x}", progress=False)
-            for x in ("shared", "one")
-        )
-        shared.share_prompts, one.share_prompts = True, False
-        ratio = _interleaved(shared, one, s.steps)
-        r.figure(
-            f"layout.b{batch}.one_pass_over_shared", ratio, "<= 1.0", ratio <= 1.0, gpu_only=True
-        )
-        del shared, one
 
 
 def part_fsdp(r: Report, s: Setup) -> None:

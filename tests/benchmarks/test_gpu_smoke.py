@@ -61,6 +61,7 @@ def test_self_check_runs_every_part(tmp_path):
         assert figures[name]["enforced"] is False  # speed targets are for the GPU run
         assert figures[name]["value"] > 0
     assert figures["mfu.tokens_per_s"]["value"] > 0
+    assert figures["overhead.full.model_walk_over_scoped"]["value"] > 0  # reported, no target
     assert "vllm" in summary["skipped"]
 
 
