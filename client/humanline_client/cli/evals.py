@@ -79,6 +79,9 @@ def _show_eval(ev: Evaluation) -> None:
         )
     if config.get("generation"):
         rows.append(["generation", json.dumps(config["generation"])])
+    ran = (ev.result or {}).get("generation") or {}  # what the run recorded (a finished one)
+    if ran.get("device"):
+        rows.append(["generated on", f"{ran['device']} ({ran.get('engine', 'hf')} engine)"])
     progress = (ev.result or {}).get("progress")
     if progress and not ev.is_terminal:
         rows.append(

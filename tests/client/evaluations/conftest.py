@@ -21,6 +21,7 @@ from humanline_client import Evaluation
 from models.base import utcnow
 from models.tables import Evaluation as EvaluationRow
 from storage.keys import job_prefix, report_key
+from worker.evaluate import SUMMARY_KEYS
 
 from ..conftest import HookQueue, jsonl
 
@@ -32,6 +33,7 @@ REPORT_DOC = {
     "kind": "math",
     "metrics": {"pass_at_1": {"value": 0.5, "se": 0.1, "n": 4}, "pass_at_n": 0.75},
     "items": [{"problem": "0+0?", "correct": [True]}, {"problem": "1+1?", "correct": [False]}],
+    "generation": {"n": 4, "temperature": 0.7, "engine": "hf", "device": "cuda"},
     "timing": {"generate_s": 1.5},
 }
 REPORT_HTML = b"<!DOCTYPE html><html><body><h1>evaluation report</h1></body></html>"
@@ -92,7 +94,7 @@ class EvalDriver:
             }
         self.server.store.put_bytes(keys["json"], json.dumps(doc).encode())
         self.server.store.put_bytes(keys["html"], html)
-        summary = {"kind": doc.get("kind"), "metrics": doc.get("metrics"), "report": keys}
+        summary = {k: doc[k] for k in SUMMARY_KEYS if k in doc} | {"report": keys}  # the worker's
         self.set(evaluation_id, status="succeeded", result=summary, finished_at=utcnow())
 
     def fail(self, evaluation_id: str, message: str = "the judge is unreachable") -> None:

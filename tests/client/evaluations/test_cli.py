@@ -69,7 +69,8 @@ def test_cli_evals_create_list_show(cli, client, eval_queue, evals, tmp_path, in
 
     shown = cli("evals", "show", judged).stdout
     assert judged in shown and f"openai {JUDGE_URL} gpt-4.1" in shown and "queued" in shown
-    assert "pass_at_1" in cli("evals", "show", ev["id"]).stdout
+    done = cli("evals", "show", ev["id"]).stdout
+    assert "pass_at_1" in done and "cuda (hf engine)" in done  # where its result says it ran
     assert json.loads(cli("evals", "show", ev["id"], "--json").stdout)["status"] == "succeeded"
     gone = cli("evals", "show", "eval-nope", "--json", ok=False)
     assert gone.exit_code == 1 and json.loads(gone.stderr)["error"]["status_code"] == 404
