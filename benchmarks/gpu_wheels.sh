@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download the small wheels benchmarks/gpu_smoke.sh needs on a bare GPU machine (CPython 3.12,
 # manylinux x86_64; torch, transformers, accelerate and peft are already there) into the
-# git-ignored .gpu-wheels/, at the versions of requirements/cpu.lock (~25 MiB in all, botocore
+# git-ignored .gpu-wheels/, at the versions of requirements/cpu.lock (~27 MiB in all, botocore
 # most of it):
 #   pydantic (+ core, annotated-types, typing-inspection, typing-extensions): contract.spec
 #   trl, datasets (+ dill, multiprocess, fsspec's pinned version): the TRL comparison
