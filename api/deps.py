@@ -22,6 +22,7 @@ from anyio import CapacityLimiter
 from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -224,20 +225,25 @@ CurrentTeam = Annotated[TeamRef, Depends(get_current_team)]
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
-def request_hash(payload: Any) -> str:
-    """sha256 of a canonical JSON rendering: key order and whitespace do not matter."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+def request_hash(request: Any) -> str:
+    """sha256 of a canonical JSON rendering: key order and whitespace do not matter. A
+    pydantic body counts by the fields the client sent (defaults filled later are not the
+    request)."""
+    if isinstance(request, BaseModel):
+        request = request.model_dump(mode="json", exclude_unset=True)
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class Idempotency:
     """`Idempotency-Key` handling for one POST (DESIGN.md §6).
 
-    Usage in a route: `if (r := idem.replay(h)) is not None: return r`, do the work in the
-    session without committing, then `if (r := idem.commit(h, 201, body)) is not None:` a
+    Usage in a route: `if (r := idem.replay(request)) is not None: return r` (`request`: what
+    identifies it, a body or a JSON-able value, compared by `request_hash`), do the work in
+    the session without committing, then `if (r := idem.commit(201, body)) is not None:` a
     concurrent request with the same key won (our work was rolled back; undo side effects and
     return r). Only successful responses are remembered: a rejected request can be retried
-    with the same key.
+    with the same key. Without a key both are plain: nothing is hashed, looked up or stored.
     """
 
     def __init__(self, session: Session, team_id: str, key: str | None, method_path: str):
@@ -245,10 +251,17 @@ class Idempotency:
         self.team_id = team_id
         self.key = key
         self.method_path = method_path
+        self.request_hash: str | None = None  # set by replay() when there is a key
 
-    def replay(self, req_hash: str) -> JSONResponse | None:
+    def replay(self, request: Any) -> JSONResponse | None:
+        """The stored response when this key already answered this request; 409 when it
+        answered another one; None when the key is new (or there is none)."""
         if self.key is None:
             return None
+        self.request_hash = request_hash(request)
+        return self._stored()
+
+    def _stored(self) -> JSONResponse | None:
         row = self.session.execute(
             select(IdempotencyKey).where(
                 IdempotencyKey.team_id == self.team_id, IdempotencyKey.key == self.key
@@ -256,7 +269,7 @@ class Idempotency:
         ).scalar_one_or_none()
         if row is None:
             return None
-        if row.method_path != self.method_path or row.request_hash != req_hash:
+        if row.method_path != self.method_path or row.request_hash != self.request_hash:
             raise api_error(
                 409,
                 "this Idempotency-Key was already used with a different request; "
@@ -269,14 +282,18 @@ class Idempotency:
             headers={"Idempotent-Replayed": "true"},
         )
 
-    def commit(self, req_hash: str, status_code: int, body: dict[str, Any]) -> JSONResponse | None:
+    def commit(self, status_code: int, body: dict[str, Any]) -> JSONResponse | None:
+        """Commit the route's work, remembering `body` under the key; the winner's response
+        when a concurrent request with the key committed first."""
         if self.key is not None:
+            if self.request_hash is None:
+                raise RuntimeError("Idempotency.commit() before replay(): no request to remember")
             self.session.add(
                 IdempotencyKey(
                     team_id=self.team_id,
                     key=self.key,
                     method_path=self.method_path,
-                    request_hash=req_hash,
+                    request_hash=self.request_hash,
                     response_status=status_code,
                     response_body=body,
                 )
@@ -286,7 +303,7 @@ class Idempotency:
         except IntegrityError:
             self.session.rollback()
             if self.key is not None:
-                winner = self.replay(req_hash)
+                winner = self._stored()
                 if winner is not None:
                     return winner
             raise

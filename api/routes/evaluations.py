@@ -17,7 +17,6 @@ from api.deps import (
     SessionDep,
     SettingsDep,
     StoreDep,
-    request_hash,
 )
 from api.errors import api_error
 from api.owned import OwnedEvaluation, get_owned_evaluation, owned  # noqa: F401 (re-exported)
@@ -154,8 +153,7 @@ def create_evaluation(
     """Evaluate a job's final model, one of its checkpoints (`step`), or a base model, on an
     eval file. The evaluation is committed as `queued`, then handed to the workers; poll
     GET /v1/evaluations/{id} until it is `succeeded` or `failed`."""
-    req_hash = request_hash(body.model_dump(mode="json", exclude_unset=True))
-    if (replayed := idem.replay(req_hash)) is not None:
+    if (replayed := idem.replay(body)) is not None:
         return replayed
     if (problem := body.problem()) is not None:
         raise api_error(422, f"{problem[0]}: {problem[1]}", field=problem[0])
@@ -183,7 +181,7 @@ def create_evaluation(
             headers={"x-should-retry": "false"},
         )
     out = EvaluationOut.of(row).model_dump(mode="json")
-    if (winner := idem.commit(req_hash, 201, out)) is not None:
+    if (winner := idem.commit(201, out)) is not None:
         return winner
     enqueue_after_commit(queue, row.id)  # after the commit: the worker must find the row
     return JSONResponse(out, status_code=201)

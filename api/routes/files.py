@@ -27,7 +27,6 @@ from api.deps import (
     SettingsDep,
     StoreDep,
     end_transaction,
-    request_hash,
 )
 from api.errors import api_error
 from api.limits import upload_limiter
@@ -239,11 +238,9 @@ def _register_upload(
     (models.quota.within_storage_quota), so concurrent uploads never go past it together."""
     valid = received.valid
     filename = _display_name(received.filename)
-    req_hash = request_hash(
-        {"purpose": received.purpose, "filename": filename, "sha256": valid.sha256}
-    )
+    request = {"purpose": received.purpose, "filename": filename, "sha256": valid.sha256}
     try:
-        if (replayed := idem.replay(req_hash)) is not None:
+        if (replayed := idem.replay(request)) is not None:
             raise _Replayed(replayed)
         row = File(
             id=file_id,
@@ -264,7 +261,7 @@ def _register_upload(
         if not within:
             raise _OverQuota(use)
         body = FileOut.of(row).model_dump(mode="json")
-        winner = idem.commit(req_hash, 201, body)
+        winner = idem.commit(201, body)
     except _Replayed:
         raise
     except BaseException:

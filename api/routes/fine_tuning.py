@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from api import openai_compat as oa
-from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep, request_hash
+from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep
 from api.errors import api_error, validation_errors
 from api.owned import owned
 from api.paging import Cursor, Limit, newest_first
@@ -87,8 +87,7 @@ def create_fine_tuning_job(
     idem: IdempotencyDep,
 ):
     """OpenAI's create: `method.type` dpo or reinforcement; see api.openai_compat."""
-    req_hash = request_hash(body.model_dump(mode="json", exclude_unset=True)) if idem.key else ""
-    if (replayed := idem.replay(req_hash)) is not None:
+    if (replayed := idem.replay(body)) is not None:
         return replayed
     try:
         spec = JobSpec.model_validate(oa.spec_of(body, _records(session, team.id, body)))
@@ -100,7 +99,7 @@ def create_fine_tuning_job(
         ) from None
     job = admit_job(spec, team.id, session, settings)
     out = oa.job_object(job)
-    if (winner := idem.commit(req_hash, 200, out)) is not None:
+    if (winner := idem.commit(200, out)) is not None:
         return winner
     enqueue_after_commit(queue, job.id)
     return JSONResponse(out)

@@ -26,7 +26,6 @@ from api.deps import (
     StoreDep,
     autocommit_reads,
     end_transaction,
-    request_hash,
 )
 from api.downloads import serve_file
 from api.errors import api_error
@@ -152,13 +151,11 @@ def create_job(
     """Submit a training job: the body is a JobSpec whose `training_file` is a file id.
 
     The job is committed as `queued`, then handed to the workers."""
-    # only a request with an Idempotency-Key is ever compared with another
-    req_hash = request_hash(spec.model_dump(mode="json", exclude_unset=True)) if idem.key else ""
-    if (replayed := idem.replay(req_hash)) is not None:
+    if (replayed := idem.replay(spec)) is not None:
         return replayed
     job = admit_job(spec, team.id, session, settings)
     body = JobOut.of(job).model_dump(mode="json")
-    if (winner := idem.commit(req_hash, 201, body)) is not None:
+    if (winner := idem.commit(201, body)) is not None:
         return winner
     enqueue_after_commit(queue, job.id)  # after the commit: the worker must find the row
     return Response(orjson.dumps(body), status_code=201, media_type="application/json")
@@ -303,8 +300,7 @@ def cancel_with(
     field: str = "job_id",
 ) -> Response:
     """Cancel `job` (idempotently), answering with `render(job)`: both job shapes cancel here."""
-    req_hash = request_hash({"cancel": job.id})
-    if (replayed := idem.replay(req_hash)) is not None:
+    if (replayed := idem.replay({"cancel": job.id})) is not None:
         return replayed
     if job_states.request_cancel(session, job.id) is None:
         session.rollback()
@@ -312,7 +308,7 @@ def cancel_with(
         raise api_error(409, f"job {job.id} is already {job.status}", field=field)
     session.refresh(job)
     body = render(job)
-    if (winner := idem.commit(req_hash, 200, body)) is not None:
+    if (winner := idem.commit(200, body)) is not None:
         return winner
     return JSONResponse(body)
 

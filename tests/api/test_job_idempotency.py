@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from models import jobs as job_states
 from tests.api.conftest import (
     create_job,
@@ -72,10 +74,10 @@ def test_idempotency_loses_the_race_gracefully(
     """Between our lookup and our commit another request with the key commits first."""
     from api import deps
 
-    original = deps.Idempotency.replay
+    original = deps.Idempotency._stored
     calls = {"n": 0}
 
-    def replay(self, req_hash):
+    def stored(self):
         calls["n"] += 1
         if calls["n"] == 1:  # our first lookup finds nothing; a rival then wins
             with db_sessions() as s:
@@ -85,16 +87,16 @@ def test_idempotency_loses_the_race_gracefully(
                         team_id=team_a.id,
                         key="raced",
                         method_path="POST /v1/jobs",
-                        request_hash=req_hash,
+                        request_hash=self.request_hash,
                         response_status=201,
                         response_body={"id": job.id, "winner": True},
                     )
                 )
                 s.commit()
             return None
-        return original(self, req_hash)
+        return original(self)
 
-    monkeypatch.setattr(deps.Idempotency, "replay", replay)
+    monkeypatch.setattr(deps.Idempotency, "_stored", stored)
     r = client.post(
         "/v1/jobs",
         headers={**team_a.headers, "Idempotency-Key": "raced"},
@@ -111,3 +113,30 @@ def test_idempotent_cancel_replays(client, team_a, train_file):
     again = client.post(f"/v1/jobs/{job_id}/cancel", headers=headers)
     assert first.status_code == again.status_code == 200
     assert first.json() == again.json()
+
+
+def test_a_request_is_compared_by_what_the_client_sent(client, team_a, train_file):
+    """Key order does not make another request; an explicitly sent default does."""
+    key = {**team_a.headers, "Idempotency-Key": "canon-1"}
+    body = job_body(train_file)
+    first = client.post("/v1/jobs", headers=key, json=body)
+    reordered = client.post("/v1/jobs", headers=key, json=dict(reversed(list(body.items()))))
+    assert first.status_code == reordered.status_code == 201
+    assert reordered.json()["id"] == first.json()["id"]
+    assert reordered.headers.get("idempotent-replayed") == "true"
+    explicit_default = client.post("/v1/jobs", headers=key, json={**body, "epochs": 1})
+    assert explicit_default.status_code == 409
+
+
+def test_idempotency_without_a_key_hashes_and_stores_nothing(db_sessions, team_a):
+    from api.deps import Idempotency
+    from models.tables import IdempotencyKey
+
+    with db_sessions() as session:
+        idem = Idempotency(session, team_a.id, None, "POST /v1/jobs")
+        assert idem.replay({"any": "request"}) is None and idem.request_hash is None
+        assert idem.commit(201, {"id": "x"}) is None
+        assert session.query(IdempotencyKey).count() == 0
+        keyed = Idempotency(session, team_a.id, "k-1", "POST /v1/jobs")
+        with pytest.raises(RuntimeError, match="before replay"):
+            keyed.commit(201, {"id": "x"})  # a route that never asked replay() is a bug
