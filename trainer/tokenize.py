@@ -10,7 +10,7 @@ completions their tail; an example whose completion would be empty is dropped an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -137,6 +137,17 @@ class TokenBatch:
         aux = self.aux.seq_tokens if self.aux is not None else 0
         return int(self.attention_mask.sum()) + shared + aux
 
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """This batch with every tensor (its prefix's and aux rows' too) on `device`. The step
+        makes one such copy of each micro-batch, which the reference, the policy and the loss
+        share: each host-to-device copy waits for the GPU, so one per tensor, not one per use."""
+        moved = _tensors_to(self, device)
+        if self.prefix is not None:
+            moved.prefix = _tensors_to(self.prefix, device)
+        if self.aux is not None:
+            moved.aux = self.aux.to(device)
+        return moved
+
     def row_mask(self) -> torch.Tensor:
         """[N + M, W] completion mask of the rows and then the aux rows (see batch_logps)."""
         if self.aux is None:
@@ -145,6 +156,12 @@ class TokenBatch:
         def pad(m):
             return torch.nn.functional.pad(m, (0, width - m.shape[1]))
         return torch.cat([pad(self.mask), pad(self.aux.mask)])
+
+
+def _tensors_to(obj, device: torch.device | str):
+    """A copy of dataclass `obj` whose tensor fields are on `device` (other fields as they are)."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return replace(obj, **{k: v.to(device) for k, v in values.items() if torch.is_tensor(v)})
 
 
 def _pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

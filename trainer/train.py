@@ -307,11 +307,12 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         tokens = 0
         for m, (mb, batch) in enumerate(zip(micro, batches, strict=False)):
+            scored = batch.to(acc.device)  # once: the reference, the policy and the loss share it
             with acc.autocast():  # the reference sees the same precision as the policy
-                ref = self.reference.logps(step, m, batch)
+                ref = self.reference.logps(step, m, scored)
             with self.parallel.accumulate(self.model, sync=m == accum - 1):
-                pol = batch_logps(self.model, batch, spec.logps_temperature)
-                out = self.recipe.loss(pol, ref, batch, mb, self.data.examples, ctx)
+                pol = batch_logps(self.model, scored, spec.logps_temperature)
+                out = self.recipe.loss(pol, ref, scored, mb, self.data.examples, ctx)
                 acc.backward(out.loss / accum)
             for name, value in out.metrics.items():
                 sums[name] += value / accum

@@ -2,10 +2,12 @@
 
 The trainer collates batches on the host and the policy scores them on its own device, so a
 recipe that combines a batch tensor (a mask, a label) with the log-probs must move it there
-first. On a CPU-only machine both are on the CPU and nothing would show a slip: here the loss
-of a real training step is called again with the policy's and the reference's log-probs on
-the `meta` device (shapes without data; an op that mixes it with a CPU tensor is refused, as
-one that mixes CUDA and CPU is), the batch as the trainer made it. Found on an H100: DPO's
+first (the step hands it its device copy of the batch, tests/trainer/test_device_batch.py,
+where the move is a no-op; any other caller may hand a host batch). On a CPU-only machine
+both are on the CPU and nothing would show a slip: here the loss of a real training step is
+called again with the policy's and the reference's log-probs on the `meta` device (shapes
+without data; an op that mixes it with a CPU tensor is refused, as one that mixes CUDA and
+CPU is), the batch as the trainer made it. Found on an H100: DPO's
 masks stayed on the CPU and every DPO job failed at step 1, on every device but the CPU.
 """
 

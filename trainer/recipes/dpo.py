@@ -36,7 +36,7 @@ class DPORecipe(ObjectiveRecipe[DPOConfig]):
 
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
         n = len(mb.indices)
-        mask = batch.mask.to(pol.device)  # collated on the host
+        mask = batch.mask.to(pol.device)  # a no-op for the step's device batch
         return dpo_loss(
             pol[:n],
             ref[:n],
