@@ -1,14 +1,30 @@
 """The speed parts of benchmarks/gpu_smoke.py: trainers stepped in turn in one process, so a
 figure is a ratio of medians measured side by side (machines are noisy; ratios are not).
 
-  overhead  humanline ÷ offline step time (full, LoRA), and what scoping the reference's
-            eval-mode switch to the dropout modules saves (trainer.reference._noisy)
+  overhead  humanline ÷ offline step time (full, LoRA), what scoping the reference's
+            eval-mode switch to the dropout modules saves (trainer.reference._noisy), and
+            what one device copy of each micro-batch saves (trainer.tokenize.TokenBatch.to)
   layout    one forward pass ÷ the shared prompt pass (trainer.distributed)
 """
 
 from __future__ import annotations
 
 import statistics
+
+
+def _per_use_copies(trainer):
+    """`trainer` stepping as it did before TokenBatch.to: the host batch goes on to the
+    reference, the policy and the recipe, and each copies the tensors it uses (a blocking
+    copy each)."""
+    from trainer.tokenize import TokenBatch
+
+    class PerUseCopies(TokenBatch):
+        def to(self, device):
+            return self
+
+    own = trainer.batch_for
+    trainer.batch_for = lambda step, micro: PerUseCopies(**vars(own(step, micro)))
+    return trainer
 
 
 def _interleaved(a, b, steps: int) -> float:
@@ -48,6 +64,12 @@ def part_overhead(r, s) -> None:
         walk.reference.noisy = [walk.model]
         r.figure(f"overhead.{adapter}.model_walk_over_scoped", _interleaved(scoped, walk, steps))
         del scoped, walk
+        # What one device copy of each micro-batch saves: offline (its reference model, or
+        # the adapter-off policy, scores the batch too), per-use copies over one copy.
+        one, per_use = (trainer("offline", adapter, x) for x in ("one-copy", "per-use"))
+        ratio = _interleaved(one, _per_use_copies(per_use), steps)
+        r.figure(f"overhead.{adapter}.per_use_copies_over_one_copy", ratio)
+        del one, per_use
 
 
 def part_layout(r, s) -> None:

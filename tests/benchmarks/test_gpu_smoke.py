@@ -61,7 +61,9 @@ def test_self_check_runs_every_part(tmp_path):
         assert figures[name]["enforced"] is False  # speed targets are for the GPU run
         assert figures[name]["value"] > 0
     assert figures["mfu.tokens_per_s"]["value"] > 0
-    assert figures["overhead.full.model_walk_over_scoped"]["value"] > 0  # reported, no target
+    for adapter in ("full", "lora"):  # reported, no target
+        assert figures[f"overhead.{adapter}.model_walk_over_scoped"]["value"] > 0
+        assert figures[f"overhead.{adapter}.per_use_copies_over_one_copy"]["value"] > 0
     assert "vllm" in summary["skipped"]
 
 
