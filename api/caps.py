@@ -3,7 +3,7 @@
 The spec (contract.spec) holds only hard bounds that no deployment would raise (a step count
 must fit PostgreSQL's int4); what one job may ask of this deployment's workers is the
 operator's choice, read from the CAP_* settings and checked here when a job is admitted
-(api.routes.jobs.admit_job, used by /v1/jobs and /v1/fine_tuning/jobs). A spec over a cap is
+(api.admission.admit_job, used by /v1/jobs and /v1/fine_tuning/jobs). A spec over a cap is
 refused with 422 naming the field, its value and the cap.
 
 `check_memory` refuses a job whose estimated peak training memory (contract.memory, from the

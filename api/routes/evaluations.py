@@ -4,13 +4,14 @@ per-evaluation report (JSON with per-item records, or its HTML page)."""
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from api.admission import check_base_model, check_eval_file, check_judge
 from api.deps import (
     CurrentTeam,
     IdempotencyDep,
@@ -24,9 +25,7 @@ from api.paging import Cursor, Limit, fetch_page, where_given
 from api.queues import EvalQueueDep, enqueue_after_commit
 from api.schemas import Page, error_responses
 from api.schemas_eval import (
-    EVAL_FORMATS,
     EvalKind,
-    EvalRequest,
     EvalStatus,
     EvaluationCreate,
     EvaluationOut,
@@ -34,7 +33,7 @@ from api.schemas_eval import (
 from models import jobs as job_states
 from models.quota import within_eval_quota
 from models.settings import Settings
-from models.tables import Evaluation, File, Job
+from models.tables import Evaluation, Job
 from storage import ObjectNotFound
 
 log = logging.getLogger("humanline.api")
@@ -73,72 +72,6 @@ def _model(
             field="job_id",
         )
     return job.id, None
-
-
-def check_base_model(name: str | None, settings: Settings) -> None:
-    """Only base models the operator allows (a job's and an evaluation's alike)."""
-    if name not in settings.allowed_base_models:
-        allowed = ", ".join(settings.allowed_base_models)
-        raise api_error(422, f"unknown base_model {name!r}; one of {allowed}", field="base_model")
-
-
-def check_eval_file(session: Session, team_id: str, body: EvalRequest, where: str = "") -> File:
-    """The team's processed eval file of the request's kind; `where` prefixes error fields."""
-    row = owned(session, File, body.file_id, team_id, field=f"{where}file_id")
-    if row.purpose != "eval":
-        raise api_error(
-            422,
-            f"file {row.id} was uploaded with purpose {row.purpose!r}; evaluations need 'eval'",
-            field=f"{where}file_id",
-        )
-    if row.status != "processed":
-        raise api_error(
-            422, f"file {row.id} is {row.status}, not processed", field=f"{where}file_id"
-        )
-    want = EVAL_FORMATS[body.kind]
-    if row.format != want:
-        raise api_error(
-            422,
-            f"a {body.kind} evaluation needs a {want} file; file {row.id} is {row.format}",
-            field=f"{where}file_id",
-        )
-    return row
-
-
-def check_judge(body: EvalRequest, settings: Settings, where: str = "") -> dict[str, Any] | None:
-    """The judge as stored, if the operator allows it; `where` prefixes error fields."""
-    judge = body.judge
-    if judge is None:
-        return None
-    if judge.type == "openai":
-        url = judge.base_url.strip().rstrip("/")
-        allowed = settings.judge_base_urls
-        if url not in allowed:
-            # The server's API key goes to this URL: only operator-approved endpoints.
-            raise api_error(
-                422,
-                f"judge endpoint {url!r} is not allowed"
-                + (
-                    f"; allowed: {', '.join(sorted(allowed))}"
-                    if allowed
-                    else "; the operator has allowed none (EVAL_JUDGE_BASE_URLS)"
-                ),
-                field=f"{where}judge.base_url",
-            )
-        return body.stored_judge()
-    names = set(settings.judge_reward_models)
-    if judge.model not in names:
-        raise api_error(
-            422,
-            f"unknown reward model {judge.model!r}"
-            + (
-                f"; one of {', '.join(sorted(names))}"
-                if names
-                else "; none is configured (EVAL_REWARD_MODELS)"
-            ),
-            field=f"{where}judge.model",
-        )
-    return body.stored_judge()
 
 
 @router.post("", status_code=201, response_model=EvaluationOut, responses=_ERRORS)

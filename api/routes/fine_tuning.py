@@ -17,12 +17,13 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from api import openai_compat as oa
+from api.admission import admit_job
 from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep
 from api.errors import api_error, validation_errors
 from api.owned import owned
 from api.paging import Cursor, Limit, newest_first
 from api.queues import QueueDep, enqueue_after_commit
-from api.routes.jobs import admit_job, cancel_with
+from api.routes.jobs import cancel_with
 from api.schemas import error_responses, unix_seconds
 from contract.spec import JobSpec
 from models.tables import Checkpoint, File, Job, JobEvent, JobMetric
