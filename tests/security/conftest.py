@@ -15,7 +15,7 @@ from sqlalchemy import update
 
 from models import jobs as job_states
 from models.tables import Evaluation
-from storage.keys import checkpoint_prefix, report_key
+from storage.keys import checkpoint_prefix, job_prefix, report_key
 from tests.api.conftest import (  # noqa: F401 - fixtures
     EVAL_MATH,
     app,
@@ -50,6 +50,7 @@ class World:
     eval_file: str
     job: str
     evaluation: str
+    model: str  # the job's fine-tuned model, OpenAI's id (it names team A)
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +61,8 @@ def secrets_env(monkeypatch):
 
 @pytest.fixture
 def world(app, client, team_a, db_sessions, store, tmp_path) -> World:
-    """Team A owns one of everything: files, a trained job with events, metrics and a
-    checkpoint, an evaluation with a stored report."""
+    """Team A owns one of everything: files, a trained job with events, metrics, a
+    checkpoint and an exported model, an evaluation with a stored report."""
     app.state.eval_queue = NullEvalQueue()
     train = upload(client, team_a, TRAIN, filename=f"{MARKER}.jsonl").json()["id"]
     eval_file = upload(client, team_a, EVAL_MATH, purpose="eval").json()["id"]
@@ -77,6 +78,9 @@ def world(app, client, team_a, db_sessions, store, tmp_path) -> World:
     (ckpt / "model.safetensors").write_bytes(MARKER.encode() * 10)
     prefix = checkpoint_prefix(team_a.id, job, 4)
     store.upload_dir(prefix, ckpt)
+    final = job_prefix(team_a.id, job) + "final/"
+    store.upload_dir(final, ckpt)
+    exported = {"prefix": final, "files": ["model.safetensors"]}
     with db_sessions() as s:
         assert job_states.claim(s, job, "w1", 60) is not None
         job_states.add_event(s, job, "started", f"training {MARKER}", {"total_steps": 4})
@@ -84,7 +88,8 @@ def world(app, client, team_a, db_sessions, store, tmp_path) -> World:
             job_states.record_metrics(s, job, step, {"loss": 0.5, "kl": 0.01})
         job_states.add_checkpoint(s, job, 4, prefix, bytes=180, files=["model.safetensors"])
         job_states.add_event(s, job, "finished", "finished 4 steps", {"step": 4})
-        assert job_states.finish(s, job, "w1", "succeeded", result={"step": 4})
+        result = {"step": 4, "final_model": exported}
+        assert job_states.finish(s, job, "w1", "succeeded", result=result)
         s.commit()
     r = client.post(
         "/v1/evaluations",
@@ -102,7 +107,8 @@ def world(app, client, team_a, db_sessions, store, tmp_path) -> World:
             .values(status="succeeded", result={"metrics": {}, "report": {"json": key}})
         )
         s.commit()
-    return World(train, eval_file, job, evaluation)
+    model = client.get(f"/v1/fine_tuning/jobs/{job}", headers=team_a.headers).json()
+    return World(train, eval_file, job, evaluation, model["fine_tuned_model"])
 
 
 def every_route(w: World) -> list[tuple[str, str, dict | None, dict | None]]:
@@ -119,12 +125,24 @@ def every_route(w: World) -> list[tuple[str, str, dict | None, dict | None]]:
         ("GET", f"/v1/jobs/{j}/metrics", None, None),
         ("GET", f"/v1/jobs/{j}/checkpoints", None, None),
         ("GET", f"/v1/jobs/{j}/checkpoints/4/download", {"file": "model.safetensors"}, None),
+        ("GET", f"/v1/jobs/{j}/model/download", {"file": "model.safetensors"}, None),
         ("GET", f"/v1/jobs/{j}/report", None, None),
         ("GET", f"/v1/jobs/{j}/report", {"format": "html"}, None),
         ("GET", f"/v1/evaluations/{e}", None, None),
         ("GET", f"/v1/evaluations/{e}/report", None, None),
         ("GET", "/v1/reports/compare", {"jobs": j}, None),
         ("GET", "/v1/reports/compare", {"jobs": f"{j},{j}"}, None),
+        ("GET", f"/v1/fine_tuning/jobs/{j}", None, None),
+        ("POST", f"/v1/fine_tuning/jobs/{j}/cancel", None, None),
+        ("GET", f"/v1/fine_tuning/jobs/{j}/events", None, None),
+        ("GET", f"/v1/fine_tuning/jobs/{j}/checkpoints", None, None),
+        ("GET", f"/v1/models/{w.model}", None, None),
+        (
+            "POST",
+            "/v1/fine_tuning/jobs",
+            None,
+            {"model": "tiny-llama", "training_file": w.train, "method": {"type": "dpo"}},
+        ),
         ("POST", "/v1/jobs", None, job_body(w.train)),
         (
             "POST",

@@ -256,13 +256,32 @@ def test_activation_checkpointing_detected_on_installed_transformers(tiny_dir):
     assert not activation_checkpointing(model)
 
 
-def test_policy_train_mode_equals_eval_mode(tiny_dir, tiny_tokenizer):
-    """No dropout anywhere: the training forward is the log-prob the reference sees."""
-    model = load_policy(lora_spec(dropout=0.0), tiny_dir)
+@pytest.mark.parametrize("adapter", [{"kind": "none"}, {"kind": "lora", "dropout": 0.0}])
+def test_policy_train_mode_equals_eval_mode(adapter, tmp_path, tiny_tokenizer):
+    """No dropout anywhere, even in a base model that has some (attention dropout 0.3 here):
+    the training forward is the log-prob the reference sees."""
+    from transformers import LlamaForCausalLM
+
+    from tests.trainer.conftest import save_random_model
+
+    noisy = save_random_model(tmp_path, LlamaForCausalLM, tiny_tokenizer, attention_dropout=0.3)
+    model = load_policy(make_spec(adapter=adapter), noisy)
+    assert model.config.attention_dropout == 0.0
     inputs = chat_inputs(tiny_tokenizer)
     train_out = logits(model, inputs)
     model.eval()
     assert torch.equal(train_out, logits(model, inputs))
+
+
+def test_dropout_modules_are_zeroed():
+    """A dropout module whose rate no config float controls is zeroed too (belt and braces)."""
+    from trainer.modeling.policy import _zero_dropout_modules
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+    _zero_dropout_modules(net)
+    net.train()
+    x = torch.ones(64, 4)
+    assert net[1].p == 0.0 and torch.equal(net(x), net[0](x))
 
 
 def test_lora_trains_only_the_adapter(tiny_dir):

@@ -273,9 +273,8 @@ def save_random_llama(
     RNG is forked, so a CPU caller's stream is untouched (on a GPU `seed` reseeds the GPU's).
     `model_class`: another Llama head (LlamaForSequenceClassification: a reward model)."""
     config = LlamaConfig(
-        **shape,
+        **{"attention_dropout": 0.0, **shape},  # a shape may ask for dropout (a test does)
         max_position_embeddings=max_position_embeddings,
-        attention_dropout=0.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
