@@ -10,8 +10,6 @@ import threading
 import types
 from pathlib import Path
 
-import pytest
-
 from api import queues
 from contract.tasks import RUN_EVALUATION, RUN_JOB
 from models.settings import Settings
@@ -67,17 +65,15 @@ def test_celery_queue_sends_run_job_by_name(monkeypatch):
     assert sent == [("worker.tasks.run_job", ["job-7"], {"queue": "gpu"})]
 
 
-def test_celery_queue_reaches_a_real_redis_broker():
-    redis = pytest.importorskip("redis")
-    client = redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1)
-    try:
-        client.ping()
-    except Exception:  # noqa: BLE001
-        pytest.skip("no Redis on 127.0.0.1:6379")
+def test_celery_queue_reaches_a_real_redis_broker(redis_broker_url):
+    """On the test broker's own Redis database (tests/fixtures/services.py)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_broker_url)
     name = "humanline-test-queue"
     client.delete(name)
     try:
-        queues.CeleryQueue("redis://127.0.0.1:6379/0", name).enqueue("job-redis")
+        queues.CeleryQueue(redis_broker_url, name).enqueue("job-redis")
         assert client.llen(name) == 1
         assert b"worker.tasks.run_job" in client.lindex(name, 0)
     finally:

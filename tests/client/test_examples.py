@@ -77,7 +77,7 @@ def test_examples_to_completion(server, team, auto_worker, tmp_path):
 @pytest.fixture(scope="module")
 def real_worker_server(tmp_path_factory):
     """A second server whose jobs run in the real embedded worker (worker/embedded.py)."""
-    embedded = pytest.importorskip("worker.embedded")
+    from worker import embedded
     from worker.config import WorkerSettings
 
     root = tmp_path_factory.mktemp("embedded")

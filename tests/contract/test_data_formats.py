@@ -177,8 +177,10 @@ def test_text_with_nothing_visible_is_empty(text):
 
 
 def test_visible_text_with_controls_around_it_is_kept():
-    report, _ = validate([{"prompt": "\u200bQ\n", "chosen": "\ta", "rejected": "b\x00"}])
-    assert report.ok
+    """Kept as written: the validator judges emptiness, it does not strip the text."""
+    record = {"prompt": "\u200bQ\n", "chosen": "\ta", "rejected": "b\x00"}
+    report, records = validate([record])
+    assert report.ok and records == [record]
 
 
 def test_every_error_of_a_line_is_reported_with_its_field():

@@ -51,6 +51,11 @@ def test_sqlite_downgrade_and_upgrade_again(tmp_path):
     assert set(inspect(engine).get_table_names()) == {"alembic_version"}
     engine.dispose()
     command.upgrade(_config(url), "head")
+    engine = make_engine(url)
+    try:
+        assert _diff(engine) == []  # the schema came back whole
+    finally:
+        engine.dispose()
 
 
 def test_postgresql_migrations_match_models(pg_url):

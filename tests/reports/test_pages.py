@@ -291,3 +291,18 @@ def test_code_version_is_the_checkouts_git_describe():
         check=True,
     ).stdout.strip()
     assert code_version.__wrapped__() == f"git:{described}"
+
+
+def test_code_version_without_a_checkout_is_the_package_version(tmp_path, monkeypatch):
+    """An image without .git stamps the installed package's version, never a git call's."""
+    from importlib import metadata
+
+    from reports import version
+
+    monkeypatch.setattr(version, "REPO", tmp_path)  # no .git here
+    monkeypatch.setattr(version.subprocess, "run", lambda *a, **k: pytest.fail("ran git"))
+    try:
+        expected = f"humanline {metadata.version('humanline')}"
+    except metadata.PackageNotFoundError:
+        expected = "unknown"
+    assert version.code_version.__wrapped__() == expected

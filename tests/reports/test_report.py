@@ -370,14 +370,14 @@ def _math_doc() -> dict:
     items = [
         {
             "index": i,
-            "problem": f"What is {i}+{i}?",
+            "problem": f"What is {i}+{i}?" + (XSS if i == 0 else ""),
             "answer": str(2 * i),
             "level": str(1 + i % 3),
             "subject": "Arithmetic",
             "pass_at_1": float(i % 2),
             "samples": [
                 {
-                    "text": f"\\boxed{{{2 * i}}}",
+                    "text": f"\\boxed{{{2 * i}}}" + (XSS if i == 1 else ""),
                     "correct": bool(i % 2),
                     "extracted": str(2 * i),
                     "format": 0.0,
@@ -415,7 +415,7 @@ def test_evaluation_pages():
     for doc in (_instruction_doc(), _math_doc()):
         html = render_evaluation_html(doc)
         assert "<svg" in html and not re.search(r"https?://", html)
-        assert XSS not in html
+        assert XSS not in html and "&lt;script&gt;" in html  # there, escaped
 
 
 # --- in a real browser ---------------------------------------------------------------------------

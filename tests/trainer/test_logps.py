@@ -81,7 +81,7 @@ def test_shared_prefix_matches_one_pass_values_and_gradients(adapter):
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         results.append(([r.detach() for r in per_row], grads))
     (shared, g_shared), (plain, g_plain) = results
-    for a, b in zip(shared, plain, strict=False):
+    for a, b in zip(shared, plain, strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
     assert g_shared.keys() == g_plain.keys()
@@ -97,5 +97,5 @@ def test_shared_prefix_scores_the_same_without_grad():
         plain = token_logps(model, collate(seqs, PAD, share_prompts=False))
     s = _completion_logps(shared, collate(seqs, PAD).mask)
     p = _completion_logps(plain, collate(seqs, PAD, share_prompts=False).mask)
-    for a, b in zip(s, p, strict=False):
+    for a, b in zip(s, p, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)

@@ -113,6 +113,11 @@ def test_online_reference_is_round_start_then_humanline(
         with torch.no_grad():
             expected = token_logps(probe.eval(), calls[t - 1]["batch"])
         assert torch.allclose(calls[t - 1]["ref"], expected, atol=1e-5), (variant, t, src)
+        if src != t:  # the weights really moved, so the check can tell them apart
+            load_trainable_state_dict(probe, calls[t - 1]["weights"])
+            with torch.no_grad():
+                current = token_logps(probe.eval(), calls[t - 1]["batch"])
+            assert not torch.allclose(calls[t - 1]["ref"], current, atol=1e-5), (variant, t)
 
 
 def test_online_resume_mid_round_is_bitwise_identical(tmp_path, prompt_file, reward_model_dir):

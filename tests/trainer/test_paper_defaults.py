@@ -121,7 +121,8 @@ def test_quality_sample_is_random_and_seeded():
 def test_seed_streams_are_distinct_and_stable():
     seeds = {derive_seed(0, s, 1) for s in ("plan", "prompts", "sample", "humanline", "round")}
     assert len(seeds) == 5 and all(0 <= s < 2**31 for s in seeds)
-    assert derive_seed(0, "plan", 1) != derive_seed(0, "plan", 2) != derive_seed(1, "plan", 1)
+    varied = {derive_seed(0, "plan", 1), derive_seed(0, "plan", 2), derive_seed(1, "plan", 1)}
+    assert len(varied) == 3  # the step and the job's seed both change the stream
     # blake2b("7:plan:3"), 31 bits
     assert derive_seed(7, "plan", 3) == derive_seed(7, "plan", 3) == 59955683
 
