@@ -8,7 +8,9 @@ trainer knows nothing of the service. Everything they share is named here, once.
     RUN_DIR/data_quality.json    the training data's quality summary (written once)
     RUN_DIR/result.json          the trainer's own summary at the end
     RUN_DIR/checkpoints/step-N/  a complete checkpoint (written as step-N.tmp, then renamed);
-                                 its state.json holds the world size it was saved with
+                                 its state.json holds the world size it was saved with, its
+                                 weights.safetensors the trainable weights and spec.json the
+                                 job's spec (what an evaluation of the checkpoint loads)
     RUN_DIR/final/               the exported model of a finished run
     RUN_DIR/STOP                 dropped by the worker: checkpoint at the next step boundary
                                  and exit with EXIT_STOPPED
@@ -33,6 +35,8 @@ RESULT_FILE = "result.json"
 STOP_FILE = "STOP"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_STATE_FILE = "state.json"
+CHECKPOINT_WEIGHTS_FILE = "weights.safetensors"
+CHECKPOINT_SPEC_FILE = "spec.json"
 FINAL_DIR = "final"
 CHECKPOINT_DIR_RE = re.compile(r"step-(0|[1-9][0-9]*)")
 
@@ -64,5 +68,10 @@ EVAL_RESULT_FILE = "result.json"
 EVAL_REPORT_FILE = "report.html"
 EVAL_ERROR_FILE = "error.json"
 EVAL_EXIT_OK, EVAL_EXIT_ERROR, EVAL_EXIT_INVALID, EVAL_EXIT_JUDGE = 0, 1, 2, 3
-EVAL_EXIT_TYPES = {EVAL_EXIT_INVALID: "invalid_evaluation", EVAL_EXIT_JUDGE: "judge_error"}
+EVAL_ERROR_TYPE = "evaluation_error"  # error.json's type for EVAL_EXIT_ERROR and any crash
+EVAL_EXIT_TYPES = {
+    EVAL_EXIT_ERROR: EVAL_ERROR_TYPE,
+    EVAL_EXIT_INVALID: "invalid_evaluation",
+    EVAL_EXIT_JUDGE: "judge_error",
+}
 JUDGE_API_KEY_ENV = "HUMANLINE_JUDGE_API_KEY"  # the judge's key reaches the child only here

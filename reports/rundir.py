@@ -8,6 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from contract.runs import (
+    CHECKPOINT_SPEC_FILE,
+    CHECKPOINTS_DIR,
+    DATA_QUALITY_FILE,
+    EVENTS_FILE,
+    METRICS_FILE,
+    RESULT_FILE,
+    checkpoint_step,
+)
 from reports.job import build_job_report, to_epoch
 
 
@@ -23,30 +32,33 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _last_checkpoint_spec(run: Path) -> dict[str, Any]:
+    """The spec.json of the newest complete checkpoint (by step: step-10 is newer than step-9)."""
+    root = run / CHECKPOINTS_DIR
+    steps: dict[int, Path] = {}
+    for path in root.iterdir() if root.is_dir() else ():
+        if (step := checkpoint_step(path.name)) is not None:  # not step-N.tmp (being written)
+            steps[step] = path
+    for step in sorted(steps, reverse=True):
+        if (spec := _read_json(steps[step] / CHECKPOINT_SPEC_FILE)) is not None:
+            return spec
+    return {}
+
+
 def load_run_dir(
     run_dir: str | Path, evaluations: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """build_job_report over a trainer run directory (`python -m trainer run` output)."""
     run = Path(run_dir)
-    metrics = _jsonl(run / "metrics.jsonl")
-    events = _jsonl(run / "events.jsonl")
-    dq = (
-        json.loads((run / "data_quality.json").read_text())
-        if (run / "data_quality.json").is_file()
-        else None
-    )
-    result = (
-        json.loads((run / "result.json").read_text()) if (run / "result.json").is_file() else None
-    )
-    spec = None
-    ckpts = (
-        sorted((run / "checkpoints").glob("step-*/spec.json"))
-        if (run / "checkpoints").is_dir()
-        else []
-    )
-    if ckpts:
-        spec = json.loads(ckpts[-1].read_text())
-    spec = spec or {}
+    metrics = _jsonl(run / METRICS_FILE)
+    events = _jsonl(run / EVENTS_FILE)
+    dq = _read_json(run / DATA_QUALITY_FILE)
+    result = _read_json(run / RESULT_FILE)
+    spec = _last_checkpoint_spec(run)
     training_file = None
     data_path = Path(str(spec.get("training_file") or ""))
     if spec.get("training_file") and data_path.is_file():

@@ -34,6 +34,14 @@ import torch
 from numpy._core.multiarray import _reconstruct as np_reconstruct
 from safetensors.torch import load_file, save_file
 
+from contract.runs import (
+    CHECKPOINT_SPEC_FILE,
+    CHECKPOINT_STATE_FILE,
+    CHECKPOINT_WEIGHTS_FILE,
+    CHECKPOINTS_DIR,
+    checkpoint_dir_name,
+    checkpoint_step,
+)
 from trainer.online.rounds import Round
 from trainer.recipes.grpo import GRPOGroup
 from trainer.recipes.kto import Unpaired
@@ -77,7 +85,7 @@ class Checkpoint:
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
-    return Path(out_dir) / "checkpoints"
+    return Path(out_dir) / CHECKPOINTS_DIR
 
 
 def latest(out_dir: Path) -> Checkpoint | None:
@@ -86,9 +94,9 @@ def latest(out_dir: Path) -> Checkpoint | None:
     root = checkpoint_dir(out_dir)
     if root.is_dir():
         for p in root.iterdir():
-            name = p.name
-            if name.startswith("step-") and name[5:].isdigit() and (p / "state.json").exists():
-                found.append(Checkpoint(int(name[5:]), p))
+            step = checkpoint_step(p.name)
+            if step is not None and (p / CHECKPOINT_STATE_FILE).exists():
+                found.append(Checkpoint(step, p))
     return max(found, key=lambda c: c.step, default=None)
 
 
@@ -133,7 +141,7 @@ def save(
     extra: dict,
 ) -> Checkpoint:
     """Collective: every process calls it. Returns the final directory."""
-    final = checkpoint_dir(out_dir) / f"step-{step}"
+    final = checkpoint_dir(out_dir) / checkpoint_dir_name(step)
     tmp = final.with_name(final.name + ".tmp")
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -146,16 +154,16 @@ def save(
     parallel.save_optimizer(optimizer, tmp)  # optimizer.pt, or one shard per rank (FSDP)
     if accelerator.is_main_process:
         weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-        save_file(weights, tmp / "weights.safetensors")
+        save_file(weights, tmp / CHECKPOINT_WEIGHTS_FILE)
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        (tmp / "spec.json").write_text(spec_json)
+        (tmp / CHECKPOINT_SPEC_FILE).write_text(spec_json)
         state = {
             "step": step,
             "world_size": accelerator.num_processes,
             "parallelism": parallel.name,
             **extra,
         }
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        (tmp / CHECKPOINT_STATE_FILE).write_text(json.dumps(state, indent=2))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         for f in tmp.iterdir():
@@ -171,7 +179,7 @@ def load(
     ckpt: Checkpoint, *, accelerator, parallel, model, optimizer, scheduler, reference, data
 ) -> dict:
     """Restore everything `save` wrote; returns state.json."""
-    state = json.loads((ckpt.path / "state.json").read_text())
+    state = json.loads((ckpt.path / CHECKPOINT_STATE_FILE).read_text())
     if state["world_size"] != accelerator.num_processes:
         raise ValueError(
             f"checkpoint {ckpt.path} was written by {state['world_size']} processes; "
@@ -182,7 +190,7 @@ def load(
             f"checkpoint {ckpt.path} was written with parallelism "
             f"{state.get('parallelism', 'ddp')!r}; resume with the same (got {parallel.name!r})"
         )
-    parallel.load_trainable_state(model, load_file(ckpt.path / "weights.safetensors"))
+    parallel.load_trainable_state(model, load_file(ckpt.path / CHECKPOINT_WEIGHTS_FILE))
     parallel.load_optimizer(optimizer, ckpt.path)
     scheduler.load_state_dict(load_state(ckpt.path / "scheduler.pt"))
     mine = load_state(ckpt.path / f"rank-{accelerator.process_index}.pt")

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from contract.data import JsonlReader
+from contract.runs import CHECKPOINT_EVENT, DATA_QUALITY_FILE, FINAL_DIR, RESULT_FILE
 from contract.spec import JobSpec
 from reports.version import code_version
 from trainer import checkpoint
@@ -281,7 +282,7 @@ class Trainer:
         quality = data_quality(
             self.unwrapped, quality_batches(len(examples), make, self.spec.quality_sample, seed)
         )
-        self.log.write_json("data_quality.json", quality)
+        self.log.write_json(DATA_QUALITY_FILE, quality)
         if quality.get("warning"):
             self.log.event("warning", quality["warning"], data_quality_mean=quality["mean"])
 
@@ -393,7 +394,7 @@ class Trainer:
 
         final_dir = None
         if status == "succeeded":
-            final_dir = str(self.out_dir / "final")
+            final_dir = str(self.out_dir / FINAL_DIR)
             self.parallel.export(self.model, self.tokenizer, Path(final_dir))  # rank 0 writes
             if acc.is_main_process:  # public base name and a model card (trainer.modeling.card)
                 finish_export(
@@ -403,7 +404,7 @@ class Trainer:
             acc.wait_for_everyone()
             log.event("finished", f"finished {self.total} steps", step=step)
         result = RunResult(status, step, self.total, final_dir)
-        log.write_json("result.json", result.as_dict())
+        log.write_json(RESULT_FILE, result.as_dict())
         acc.end_training()
         self.parallel.close()
         return result
@@ -428,7 +429,7 @@ class Trainer:
             spec_json=self.spec.model_dump_json(indent=2),
             extra={"total_steps": self.total},
         )
-        self.log.event("checkpoint", f"checkpoint at step {step}", step=step, path=str(ck.path))
+        self.log.event(CHECKPOINT_EVENT, f"checkpoint at step {step}", step=step, path=str(ck.path))
 
 
 def train(

@@ -471,3 +471,13 @@ def test_instruction_page_warns_about_a_position_biased_or_mute_judge():
     doc["metrics"].update(first_position_rate=0.96, unparsed=12)
     html = render_evaluation_html(doc)
     assert "first answer in 96% of judgements" in html and "12 of 60 judge replies" in html
+
+
+def test_run_dir_reads_the_newest_checkpoints_spec(tmp_path):
+    """By step, not by name (step-10 sorts before step-9), and never one still being written."""
+    specs = {"step-9": "kto", "step-10": "dpo", "step-11.tmp": "grpo"}
+    for name, objective in specs.items():
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        spec = {"base_model": "tiny-llama", "objective": {"name": objective}}
+        (tmp_path / "checkpoints" / name / "spec.json").write_text(json.dumps(spec))
+    assert load_run_dir(tmp_path)["job"]["objective"] == "dpo"

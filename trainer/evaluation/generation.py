@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from contract.runs import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE
 from contract.spec import JobSpec
 from trainer.modeling import load_policy, load_tokenizer, load_trainable_state_dict, resolve_model
 from trainer.sampling import Engine
@@ -95,11 +96,11 @@ def load_model(
         from safetensors.torch import load_file
 
         path = Path(source["path"])
-        spec = JobSpec.model_validate_json((path / "spec.json").read_text())
+        spec = JobSpec.model_validate_json((path / CHECKPOINT_SPEC_FILE).read_text())
         model_dir = resolve_model(spec.base_model)
         tokenizer = load_tokenizer(model_dir)
         model = load_policy(spec, model_dir)
-        load_trainable_state_dict(model, load_file(path / "weights.safetensors"))
+        load_trainable_state_dict(model, load_file(path / CHECKPOINT_WEIGHTS_FILE))
         if hasattr(model, "merge_and_unload"):
             model = model.merge_and_unload()
         model = model.to(_dtype(dev))

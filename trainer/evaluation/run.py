@@ -33,21 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from contract.data import Format, read_jsonl
-from contract.runs import (  # the exit codes and the key variable the worker relies on
-    EVAL_EXIT_ERROR as EXIT_ERROR,
+from contract.runs import (  # the files, exit codes and key variable the worker relies on
+    EVAL_ERROR_FILE,
+    EVAL_EXIT_TYPES,
+    EVAL_PROGRESS_FILE,
+    EVAL_REPORT_FILE,
+    EVAL_RESULT_FILE,
+    JUDGE_API_KEY_ENV,
 )
-from contract.runs import (
-    EVAL_EXIT_INVALID as EXIT_INVALID,
-)
-from contract.runs import (
-    EVAL_EXIT_JUDGE as EXIT_JUDGE,
-)
-from contract.runs import (
-    EVAL_EXIT_OK as EXIT_OK,
-)
-from contract.runs import (
-    JUDGE_API_KEY_ENV as API_KEY_ENV,
-)
+from contract.runs import EVAL_EXIT_ERROR as EXIT_ERROR
+from contract.runs import EVAL_EXIT_INVALID as EXIT_INVALID
+from contract.runs import EVAL_EXIT_JUDGE as EXIT_JUDGE
+from contract.runs import EVAL_EXIT_OK as EXIT_OK
 
 log = logging.getLogger(__name__)
 FORMATS: dict[str, Format] = {"instruction": "eval_instruction", "math": "eval_math"}
@@ -61,6 +58,12 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=str, allow_nan=True))
     tmp.replace(path)
+
+
+def _write_error(out_dir: Path, code: int, message: str, **detail: Any) -> None:
+    """error.json: its type is the one contract.runs gives the exit code the child returns."""
+    error = {"type": EVAL_EXIT_TYPES[code], "message": message, **detail}
+    _write_json(out_dir / EVAL_ERROR_FILE, error)
 
 
 def make_judge(cfg: dict[str, Any], api_key: str | None):
@@ -113,7 +116,7 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
 
     def progress(phase: str, done: int, total: int) -> None:
         state.update(phase=phase, done=done, total=total, updated_at=time.time())
-        _write_json(out_dir / "progress.json", state)
+        _write_json(out_dir / EVAL_PROGRESS_FILE, state)
 
     progress("loading", 0, len(records))
     judge = None
@@ -164,8 +167,8 @@ def run_config(config: dict[str, Any], out_dir: Path, api_key: str | None = None
         finished_at=datetime.fromtimestamp(finished, UTC).isoformat(timespec="seconds"),
         wall_clock_s=round(finished - started, 3),
     )
-    _write_json(out_dir / "result.json", doc)
-    (out_dir / "report.html").write_text(render_evaluation_html(doc), encoding="utf-8")
+    _write_json(out_dir / EVAL_RESULT_FILE, doc)
+    (out_dir / EVAL_REPORT_FILE).write_text(render_evaluation_html(doc), encoding="utf-8")
     progress("done", len(records), len(records))
     if judge is not None and hasattr(judge, "close"):
         judge.close()
@@ -178,25 +181,19 @@ def main(config_path: Path, out_dir: Path) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         config = json.loads(Path(config_path).read_text())
-        run_config(config, out_dir, api_key=os.environ.get(API_KEY_ENV) or None)
+        run_config(config, out_dir, api_key=os.environ.get(JUDGE_API_KEY_ENV) or None)
         return EXIT_OK
     except JudgeError as exc:
-        _write_json(out_dir / "error.json", {"type": "judge_error", "message": str(exc)})
+        _write_error(out_dir, EXIT_JUDGE, str(exc))
         log.error("%s", exc)
         return EXIT_JUDGE
     except (InvalidEvaluation, KeyError, json.JSONDecodeError) as exc:
         what = f"missing config field {exc}" if isinstance(exc, KeyError) else str(exc)
-        _write_json(out_dir / "error.json", {"type": "invalid_evaluation", "message": what})
+        _write_error(out_dir, EXIT_INVALID, what)
         log.error("%s", what)
         return EXIT_INVALID
     except Exception as exc:
-        _write_json(
-            out_dir / "error.json",
-            {
-                "type": "evaluation_error",
-                "message": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc()[-4000:],
-            },
-        )
+        detail = {"traceback": traceback.format_exc()[-4000:]}
+        _write_error(out_dir, EXIT_ERROR, f"{type(exc).__name__}: {exc}", **detail)
         log.exception("evaluation failed")
         return EXIT_ERROR
