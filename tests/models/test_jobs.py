@@ -358,3 +358,32 @@ def test_within_quota_locks_the_team_only_near_the_limit(db_sessions, new_job, t
         with pytest.raises(OperationalError, match="lock timeout"):
             jobs.within_quota(s, team_id, 10)  # near the limit: waits its turn
         holder.rollback()
+
+
+def test_non_finite_metrics_are_stored_as_null_on_both_backends(db_sessions, new_job):
+    """A diverged loss must not fail the worker's write (PostgreSQL's jsonb refuses NaN) nor
+    leave text no strict reader accepts (SQLite): JSON columns store it as null."""
+    job_id = new_job()
+    with db_sessions() as s:
+        jobs.record_metrics(s, job_id, 1, {"loss": float("nan"), "grad_norm": float("inf")})
+        jobs.add_event(s, job_id, "warning", "diverged", {"loss": float("-inf")})
+        s.commit()
+    with db_sessions() as s:
+        metric = s.scalars(select(JobMetric).where(JobMetric.job_id == job_id)).one()
+        assert metric.values == {"loss": None, "grad_norm": None}
+        assert _events(s, job_id)[-1].data == {"loss": None}
+
+
+def test_text_that_is_not_unicode_is_refused_on_both_backends(db_sessions, team_id):
+    """A lone surrogate (JSON's "\\ud800") or an integer beyond 64 bits is refused before
+    anything is written, on SQLite as on PostgreSQL (SQLite would store the surrogate, and
+    every later read of the row would fail), as one exception the API answers with a 422."""
+    from models.db import UnstorableValue
+
+    for metadata, spec in (({"k": "\ud800"}, SPEC), ({}, {**SPEC, "seed": 2**64})):
+        with db_sessions() as s:
+            with pytest.raises(UnstorableValue):
+                jobs.create_job(s, team_id=team_id, spec=spec, metadata=metadata)
+                s.flush()
+            s.rollback()
+            assert s.scalar(select(func.count()).select_from(Job)) == 0
