@@ -3,11 +3,14 @@ POST /v1/evaluations and the job spec (a job may name evaluations to run on its 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.data import Format
+
 EvalKind = Literal["instruction", "math"]
+EVAL_FILE_FORMAT: dict[EvalKind, Format] = {"instruction": "eval_instruction", "math": "eval_math"}
 
 
 class _Strict(BaseModel):
@@ -45,6 +48,18 @@ class GenerationIn(_Strict):
     max_new_tokens: int | None = Field(None, ge=1, le=8192)
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
+
+# An OpenAI-compatible judge's limits: the operator's EVAL_JUDGE_* settings default to these
+# (models.settings), and an evaluation run without them (`python -m trainer.evaluation`) uses
+# them. timeout: one request; deadline: all retries of one request together.
+class JudgeLimits(NamedTuple):
+    timeout: float = 60.0
+    deadline: float = 600.0
+    max_attempts: int = 6
+    concurrency: int = 8
+
+
+OPENAI_JUDGE_DEFAULTS = JudgeLimits()
 
 GENERATION_DEFAULTS: dict[str, dict[str, Any]] = {
     "instruction": {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 512},

@@ -15,9 +15,11 @@ from typing import Any
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contract.evaluation import OPENAI_JUDGE_DEFAULTS as _JUDGE
+from contract.spec import INT4_MAX  # PostgreSQL integer: step counts are stored in such columns
+
 GiB = 1 << 30
 MiB = 1 << 20
-INT4_MAX = 2**31 - 1  # PostgreSQL integer: step counts are stored in such columns
 
 
 class Settings(BaseSettings):
@@ -139,12 +141,16 @@ class Settings(BaseSettings):
         description="name=/dir pairs, comma-separated: the reward models a judge may name "
         "(mounted on the workers).",
     )
-    EVAL_JUDGE_TIMEOUT_SECONDS: float = Field(60.0, gt=0, description="One judge request.")
-    EVAL_JUDGE_DEADLINE_SECONDS: float = Field(
-        600.0, gt=0, description="All retries of one judge request together."
+    EVAL_JUDGE_TIMEOUT_SECONDS: float = Field(
+        _JUDGE.timeout, gt=0, description="One judge request."
     )
-    EVAL_JUDGE_MAX_ATTEMPTS: int = Field(6, ge=1)
-    EVAL_JUDGE_CONCURRENCY: int = Field(8, ge=1, description="Judge requests in flight at once.")
+    EVAL_JUDGE_DEADLINE_SECONDS: float = Field(
+        _JUDGE.deadline, gt=0, description="All retries of one judge request together."
+    )
+    EVAL_JUDGE_MAX_ATTEMPTS: int = Field(_JUDGE.max_attempts, ge=1)
+    EVAL_JUDGE_CONCURRENCY: int = Field(
+        _JUDGE.concurrency, ge=1, description="Judge requests in flight at once."
+    )
     EVAL_SAMPLING_ENGINE: str = Field("hf", description="hf, vllm or auto (trainer.sampling).")
     EVAL_TIMEOUT_SECONDS: float = Field(
         6 * 3600.0, gt=0, description="An evaluation still running after this is killed."

@@ -212,3 +212,21 @@ def test_reward_model_judge_prefers_the_higher_score_and_is_symmetric(reward_mod
         sa, sb = scores[answers.index(p.a)], scores[answers.index(p.b)]
         assert v.verdict == ("A" if sa > sb else "B")
     assert judge.judge([Pair("q", "same", "same")])[0].verdict == "tie"
+
+
+def test_a_judge_run_without_the_services_settings_gets_the_same_limits():
+    """`python -m trainer.evaluation` with a bare judge config, the judge class's defaults and
+    the operator's EVAL_JUDGE_* defaults are one set of limits (contract.evaluation)."""
+    from models.settings import Settings
+    from trainer.evaluation.run import make_judge
+
+    judge = make_judge({"type": "openai", "base_url": "http://j/v1", "model": "m"}, None)
+    plain = OpenAIJudge("http://j/v1", "m")
+    settings = Settings()
+    for made in (judge, plain):
+        assert (made.timeout, made.deadline, made.max_attempts, made.concurrency) == (
+            settings.EVAL_JUDGE_TIMEOUT_SECONDS,
+            settings.EVAL_JUDGE_DEADLINE_SECONDS,
+            settings.EVAL_JUDGE_MAX_ATTEMPTS,
+            settings.EVAL_JUDGE_CONCURRENCY,
+        )

@@ -37,6 +37,8 @@ from typing import Any, Literal, Protocol, Self
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
+from contract.evaluation import OPENAI_JUDGE_DEFAULTS as JUDGE
+
 log = logging.getLogger(__name__)
 
 Verdict = Literal["A", "B", "tie"]
@@ -151,13 +153,13 @@ class OpenAIJudge:
         model: str,
         api_key: str | None = None,
         *,
-        timeout: float = 60.0,
+        timeout: float = JUDGE.timeout,
         connect_timeout: float = 10.0,
-        max_attempts: int = 5,
-        deadline: float = 300.0,
+        max_attempts: int = JUDGE.max_attempts,
+        deadline: float = JUDGE.deadline,
         backoff: float = 0.5,
         max_wait: float = 30.0,
-        concurrency: int = 8,
+        concurrency: int = JUDGE.concurrency,
         max_tokens: int = 16,
         temperature: float = 0.0,
         transport: httpx.BaseTransport | None = None,

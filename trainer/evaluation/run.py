@@ -32,7 +32,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from contract.data import Format, read_jsonl
+from contract.data import read_jsonl
+from contract.evaluation import EVAL_FILE_FORMAT
+from contract.evaluation import OPENAI_JUDGE_DEFAULTS as JUDGE
 from contract.runs import (  # the files, exit codes and key variable the worker relies on
     EVAL_ERROR_FILE,
     EVAL_EXIT_TYPES,
@@ -47,7 +49,6 @@ from contract.runs import EVAL_EXIT_JUDGE as EXIT_JUDGE
 from contract.runs import EVAL_EXIT_OK as EXIT_OK
 
 log = logging.getLogger(__name__)
-FORMATS: dict[str, Format] = {"instruction": "eval_instruction", "math": "eval_math"}
 
 
 class InvalidEvaluation(ValueError):
@@ -75,10 +76,10 @@ def make_judge(cfg: dict[str, Any], api_key: str | None):
             cfg["base_url"],
             cfg["model"],
             api_key,
-            timeout=float(cfg.get("timeout", 60.0)),
-            max_attempts=int(cfg.get("max_attempts", 5)),
-            deadline=float(cfg.get("deadline", 300.0)),
-            concurrency=int(cfg.get("concurrency", 8)),
+            timeout=float(cfg.get("timeout", JUDGE.timeout)),
+            max_attempts=int(cfg.get("max_attempts", JUDGE.max_attempts)),
+            deadline=float(cfg.get("deadline", JUDGE.deadline)),
+            concurrency=int(cfg.get("concurrency", JUDGE.concurrency)),
             max_tokens=int(cfg.get("max_tokens", 16)),
         )
     if kind == "reward_model":
@@ -88,11 +89,11 @@ def make_judge(cfg: dict[str, Any], api_key: str | None):
 
 def load_records(config: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     kind = config.get("kind")
-    if kind not in FORMATS:
+    if kind not in EVAL_FILE_FORMAT:
         raise InvalidEvaluation(f"kind must be instruction or math, got {kind!r}")
     path = Path(config["data"])
     try:
-        fmt, records = read_jsonl(str(path), allowed=(FORMATS[kind],))
+        fmt, records = read_jsonl(str(path), allowed=(EVAL_FILE_FORMAT[kind],))
     except (ValueError, OSError) as exc:
         raise InvalidEvaluation(f"eval data: {exc}") from None
     raw = path.read_bytes()
