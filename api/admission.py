@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from api.caps import check_caps, check_max_runtime, check_memory, check_total_steps
 from api.errors import api_error
 from api.owned import owned
-from api.schemas_eval import EVAL_FORMATS, EvalRequest
+from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest
 from contract.spec import JobSpec
 from models import jobs as job_states
 from models.settings import Settings
@@ -201,7 +201,7 @@ def check_eval_file(session: Session, team_id: str, body: EvalRequest, where: st
         raise api_error(
             422, f"file {row.id} is {row.status}, not processed", field=f"{where}file_id"
         )
-    want = EVAL_FORMATS[body.kind]
+    want = EVAL_FILE_FORMAT[body.kind]
     if row.format != want:
         raise api_error(
             422,

@@ -7,11 +7,10 @@ from typing import Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.tables import FilePurpose, FileStatus, JobStatus  # noqa: F401  (JobStatus: re-exported)
+
 T = TypeVar("T")
 
-JobStatus = Literal[
-    "validating", "queued", "running", "cancelling", "cancelled", "succeeded", "failed"
-]
 
 
 class ErrorItem(BaseModel):
@@ -93,12 +92,12 @@ class FileOut(RowOut):
     id: str
     object: Literal["file"] = "file"
     filename: str
-    purpose: Literal["train", "eval", "fine-tune"]
+    purpose: FilePurpose
     bytes: int
     sha256: str
     format: str | None
     records: int
-    status: Literal["uploaded", "processed", "error"]
+    status: FileStatus
     error: dict[str, Any] | None = None
     warnings: list[str] = Field(default_factory=list, description="E.g. unknown columns.")
     created_at: int = Field(..., description="Unix seconds, as OpenAI's file object.")

@@ -17,10 +17,7 @@ from contract.evaluation import (  # noqa: F401  (re-exported for the routes)
     OpenAIJudgeIn,
     RewardModelJudgeIn,
 )
-from models.tables import Evaluation
-
-EvalStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-EVAL_FORMATS: dict[str, str] = {"instruction": "eval_instruction", "math": "eval_math"}
+from models.tables import EvalStatus, Evaluation  # noqa: F401  (EvalStatus: re-exported)
 
 
 class EvaluationCreate(EvalRequest):

@@ -7,7 +7,7 @@ their allowed moves live in models/jobs.py.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sqlalchemy import (
     BigInteger,
@@ -24,16 +24,23 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from models.base import Base, JSONType, new_id, utcnow
 
-JOB_STATUSES = ("validating", "queued", "running", "cancelling", "cancelled", "succeeded", "failed")
+# Each set once, as the type the API's schemas declare and the tuple the CHECKs hold.
+JobStatus = Literal[
+    "validating", "queued", "running", "cancelling", "cancelled", "succeeded", "failed"
+]
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
 TERMINAL_STATUSES = ("cancelled", "succeeded", "failed")
 ACTIVE_STATUSES = ("validating", "queued", "running", "cancelling")
-FILE_PURPOSES = ("train", "eval", "fine-tune")
 # "fine-tune" is OpenAI's name for a training file (files.create from the openai package)
+FilePurpose = Literal["train", "eval", "fine-tune"]
+FILE_PURPOSES: tuple[str, ...] = get_args(FilePurpose)
 TRAINING_PURPOSES = ("train", "fine-tune")
-FILE_STATUSES = ("uploaded", "processed", "error")
+FileStatus = Literal["uploaded", "processed", "error"]
+FILE_STATUSES: tuple[str, ...] = get_args(FileStatus)
+EvalStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+EVAL_STATUSES: tuple[str, ...] = get_args(EvalStatus)
 EVAL_ACTIVE_STATUSES = ("queued", "running")
 EVAL_TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
-EVAL_STATUSES = EVAL_ACTIVE_STATUSES + EVAL_TERMINAL_STATUSES
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:

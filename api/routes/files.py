@@ -7,7 +7,6 @@ import os
 import re
 from dataclasses import replace
 from functools import partial
-from typing import Literal
 
 import anyio
 from anyio import CapacityLimiter
@@ -45,7 +44,7 @@ from api.uploads import (
 from models.base import new_id
 from models.quota import StorageUse, storage_use, within_storage_quota
 from models.settings import GiB, MiB, Settings
-from models.tables import ACTIVE_STATUSES, File, Job
+from models.tables import ACTIVE_STATUSES, File, FilePurpose, Job
 from storage import ObjectNotFound, ObjectStore
 from storage.keys import file_key
 
@@ -287,7 +286,7 @@ def list_files(
     session: SessionDep,
     after: Cursor = None,
     limit: Limit = 20,
-    purpose: Literal["train", "eval", "fine-tune"] | None = None,
+    purpose: FilePurpose | None = None,
 ):
     """Newest first."""
     query = where_given(select(File).where(File.team_id == team.id), (File.purpose, purpose))
