@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from api.caps import check_caps, check_max_runtime, check_memory, check_total_steps
 from api.errors import api_error
 from api.owned import owned
-from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest
+from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest, judge_url
 from contract.spec import JobSpec
 from models import jobs as job_states
 from models.settings import Settings
@@ -217,7 +217,7 @@ def check_judge(body: EvalRequest, settings: Settings, where: str = "") -> dict[
     if judge is None:
         return None
     if judge.type == "openai":
-        url = judge.base_url.strip().rstrip("/")
+        url = judge_url(judge.base_url)
         allowed = settings.judge_base_urls
         if url not in allowed:
             # The server's API key goes to this URL: only operator-approved endpoints.

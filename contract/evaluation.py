@@ -13,6 +13,12 @@ EvalKind = Literal["instruction", "math"]
 EVAL_FILE_FORMAT: dict[EvalKind, Format] = {"instruction": "eval_instruction", "math": "eval_math"}
 
 
+def judge_url(base_url: str) -> str:
+    """A judge endpoint as it is compared with the operator's list, stored and called: without
+    surrounding spaces or a trailing slash."""
+    return base_url.strip().rstrip("/")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -106,7 +112,7 @@ class EvalRequest(_Strict):
         if self.judge is None:
             return None
         if self.judge.type == "openai":
-            url = self.judge.base_url.strip().rstrip("/")
+            url = judge_url(self.judge.base_url)
             return {"type": "openai", "base_url": url, "model": self.judge.model}
         return {"type": "reward_model", "model": self.judge.model}
 

@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.evaluation import OPENAI_JUDGE_DEFAULTS as _JUDGE
+from contract.evaluation import judge_url
 from contract.spec import INT4_MAX  # PostgreSQL integer: step counts are stored in such columns
 
 GiB = 1 << 30
@@ -262,7 +263,7 @@ class Settings(BaseSettings):
     @property
     def judge_base_urls(self) -> frozenset[str]:
         """EVAL_JUDGE_BASE_URLS as a set, trailing slashes dropped."""
-        urls = (u.strip().rstrip("/") for u in self.EVAL_JUDGE_BASE_URLS.split(","))
+        urls = (judge_url(u) for u in self.EVAL_JUDGE_BASE_URLS.split(","))
         return frozenset(u for u in urls if u)
 
     @property
