@@ -217,3 +217,21 @@ def test_files_upload_shows_every_error_of_a_line_with_its_field(cli, tmp_path):
     assert result.exit_code == 1
     assert "line 1: prompt: must not be empty" in result.stderr
     assert "line 1: rejected: is identical to the preferred answer" in result.stderr
+
+
+def test_the_cli_uses_the_sdks_timeout_unless_given_one():
+    """Without --timeout the CLI's client waits as the SDK's does (60 s, 10 s to connect),
+    not 60 s for a connection that will never open; --timeout N is N for every phase."""
+    import httpx
+
+    from humanline_client._retries import DEFAULT_TIMEOUT
+    from humanline_client.cli._app import _Config
+
+    default = _Config("http://127.0.0.1:9", "hl_x", None, 2)
+    given = _Config("http://127.0.0.1:9", "hl_x", 5.0, 2)
+    try:
+        assert default.client().timeout == DEFAULT_TIMEOUT and DEFAULT_TIMEOUT.connect == 10.0
+        assert given.client().timeout == httpx.Timeout(5.0)
+    finally:
+        default.close()
+        given.close()

@@ -15,6 +15,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from None
 
 from .._client import Client
+from .._retries import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
 from .._version import __version__
 
 app = typer.Typer(
@@ -90,7 +91,11 @@ SpecOpt = Annotated[
 
 class _Config:
     def __init__(
-        self, base_url: Optional[str], api_key: Optional[str], timeout: float, retries: int
+        self,
+        base_url: Optional[str],
+        api_key: Optional[str],
+        timeout: Optional[float],
+        retries: int,
     ):
         self.base_url = base_url
         self.api_key = api_key
@@ -103,7 +108,7 @@ class _Config:
             self._client = Client(
                 base_url=self.base_url,
                 api_key=self.api_key,
-                timeout=self.timeout,
+                timeout=DEFAULT_TIMEOUT if self.timeout is None else self.timeout,
                 max_retries=self.max_retries,
             )
         return self._client
@@ -145,8 +150,16 @@ def _main(
             "--api-key", envvar="HUMANLINE_API_KEY", help="API key (hl_...).", show_default=False
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds per HTTP attempt.")] = 60.0,
-    max_retries: Annotated[int, typer.Option(help="Retries of failed requests.")] = 2,
+    timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            help="Seconds per HTTP attempt (default: the SDK's, 60, and 10 to connect).",
+            show_default=False,
+        ),
+    ] = None,
+    max_retries: Annotated[
+        int, typer.Option(help="Retries of failed requests.")
+    ] = DEFAULT_MAX_RETRIES,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
     ] = False,
