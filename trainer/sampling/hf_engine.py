@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from contract.memory import SAMPLER_ROWS
 from trainer.modeling import load_trainable_state_dict
 from trainer.sampling.types import (
     Completion,
@@ -36,7 +37,7 @@ class HFSampler:
     change the training run's own random draws (dropout, humanline sampling, data order).
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, max_batch_rows: int = 64):
+    def __init__(self, model: nn.Module, tokenizer: Any, max_batch_rows: int = SAMPLER_ROWS):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
