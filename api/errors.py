@@ -66,7 +66,22 @@ class RequestTooLarge(HTTPException):
         )
 
 
+def _encodable(value: Any) -> Any:
+    """`value` with every string's lone surrogates escaped (a request's own "\\ud800", echoed
+    in a message or a field name): UTF-8 cannot encode them, and a response that fails to
+    encode turns the error it reports into a 500."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encodable(v) for v in value]
+    return value
+
+
 def error_body(status_code: int, detail: Any) -> dict[str, Any]:
+    """The error object of a response: every error response is built from it."""
+    detail = _encodable(detail)
     if isinstance(detail, dict) and "message" in detail:
         error = dict(detail)
         error.setdefault("type", ERROR_TYPES.get(status_code, "invalid_request_error"))

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.errors import api_error
 from api.schemas import unix_seconds
 from contract.spec import DPOConfig, GRPOConfig, HumanlineParams, OnlineConfig
+from models.jobs import exported_model
 from models.tables import Checkpoint, Job, JobEvent
 
 STATUSES = {  # ours → OpenAI's
@@ -130,6 +131,15 @@ def _reinforcement_reward(grader: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _positive_int(spec: dict[str, Any], section: str, key: str) -> int | None:
+    """`spec[section][key]` when it is a positive int (not a bool), else None: the user's
+    value is not validated yet, and whatever is wrong with it is JobSpec's to refuse (a 400
+    naming the field), never a crash here."""
+    part = spec.get(section)
+    value = part.get(key) if isinstance(part, dict) else None
+    return value if type(value) is int and value > 0 else None
+
+
 def spec_of(body: FineTuningJobCreate, records: int = 0) -> dict[str, Any]:
     """The JobSpec (as a dict, validated by the caller) an OpenAI create body asks for.
 
@@ -189,7 +199,7 @@ def spec_of(body: FineTuningJobCreate, records: int = 0) -> dict[str, Any]:
             mapped["humanline_params"] = body.humanline.model_dump(exclude_unset=True)
     if method.type == "reinforcement" and "max_steps" not in body.spec:
         # batch_size counts sequences (groups of num_samples): prompts per step is their ratio
-        group = (body.spec.get("online") or {}).get("num_samples") or OnlineConfig.model_fields[
+        group = _positive_int(body.spec, "online", "num_samples") or OnlineConfig.model_fields[
             "num_samples"
         ].default
         batch = int(mapped.get("batch_size") or GRPOConfig.default_batch_size)
@@ -205,6 +215,8 @@ def spec_of(body: FineTuningJobCreate, records: int = 0) -> dict[str, Any]:
             isinstance(given, dict) and isinstance(value, dict) and not given.keys() & value.keys()
         ):
             merged[key] = {**given, **value}  # e.g. spec.online.num_samples + the grader's rewards
+        elif isinstance(value, dict) and not isinstance(given, (dict, type(None))):
+            continue  # spec.online: "x" is no section to merge into: JobSpec refuses it by name
         else:
             raise _bad(f"set {key} once: in OpenAI's fields or in spec, not both", "spec")
     return merged
@@ -267,7 +279,7 @@ def job_object(job: Job) -> dict[str, Any]:
         "created_at": unix_seconds(job.created_at),
         "finished_at": _when(job.finished_at),
         "model": job.base_model,
-        "fine_tuned_model": fine_tuned_model(job) if job.status == "succeeded" else None,
+        "fine_tuned_model": fine_tuned_model(job) if exported_model(job) is not None else None,
         "organization_id": job.team_id,
         "result_files": [],
         "seed": int(spec.get("seed", 0)),
@@ -286,16 +298,27 @@ def job_object(job: Job) -> dict[str, Any]:
     }
 
 
+def _level(event: JobEvent) -> str:
+    """OpenAI's level of one of our events: a failure is a `status` event whose data says
+    the job moved to failed (models.jobs.transition), `max_runtime_exceeded` goes with one
+    (worker.runner), and warnings are `warning` events (trainer, worker)."""
+    data = event.data if isinstance(event.data, dict) else {}
+    if (event.kind == "status" and data.get("to") == "failed") or (
+        event.kind == "max_runtime_exceeded"
+    ):
+        return "error"
+    return "warn" if event.kind == "warning" else "info"
+
+
 def event_object(event: JobEvent) -> dict[str, Any]:
-    level = {"failed": "error", "warning": "warn"}.get(event.kind, "info")
     return {
         "id": f"ftevent-{event.job_id}-{event.seq}",
         "object": "fine_tuning.job.event",
         "created_at": unix_seconds(event.created_at),
-        "level": level,
+        "level": _level(event),
         "message": event.message,
         "data": event.data,
-        "type": "metrics" if event.kind == "metrics" else "message",
+        "type": "message",  # metrics are not events here: GET /v1/jobs/{id}/metrics has them
     }
 
 

@@ -42,6 +42,7 @@ ALLOWED_FORMATS = {"train": TRAIN_FORMATS, "eval": EVAL_FORMATS, "fine-tune": TR
 PURPOSES = tuple(ALLOWED_FORMATS)
 MAX_FIELD_BYTES = 1 << 20  # a form field other than the file (as Starlette's default)
 MAX_PARTS = 1000
+MAX_BOUNDARY = 70  # RFC 2046 §5.1.1: a boundary is 1 to 70 characters
 SPOOL_IN_MEMORY = 1 << 20  # the file-before-purpose case: memory up to 1 MiB, then disk
 
 
@@ -219,6 +220,10 @@ def multipart_boundary(content_type: str) -> bytes | None:
     boundary = options.get(b"boundary")
     if not boundary:
         raise UploadRejected(400, "malformed multipart body: no boundary in Content-Type")
+    if len(boundary) > MAX_BOUNDARY:  # (past 256, python-multipart raises in its constructor)
+        raise UploadRejected(
+            400, f"malformed multipart body: a boundary is at most {MAX_BOUNDARY} characters"
+        )
     return boundary
 
 

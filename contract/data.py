@@ -272,7 +272,7 @@ def detect_format(obj: dict) -> Format:
         "(columns)",
         "unknown format: expected prompt/chosen/rejected, input/preferred_output/"
         "non_preferred_output, prompt/completion/label, prompt[/answer], "
-        "instruction/output or problem/answer; got " + ", ".join(sorted(obj)[:8]),
+        "instruction/output or problem/answer; got " + ", ".join(map(repr, sorted(obj)[:8])),
     )
 
 

@@ -251,10 +251,12 @@ class JobSpec(_Strict):
     epochs: int = Field(1, ge=1, le=INT4_MAX)
     max_prompt_length: int = Field(512, ge=1)
     max_length: int = Field(1024, ge=2, description="Prompt + completion tokens.")
-    seed: int = 0
+    seed: int = Field(0, ge=-(2**63), le=2**63 - 1, description="Any signed 64-bit integer.")
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     adapter: AdapterConfig = Field(default_factory=AdapterConfig)
-    checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints; 0 = end only.")
+    checkpoint_every: int = Field(
+        0, ge=0, le=INT4_MAX, description="Steps between checkpoints; 0 = end only."
+    )
     evaluations: list[EvalRequest] = Field(
         default_factory=list,
         max_length=8,
@@ -266,7 +268,7 @@ class JobSpec(_Strict):
         description="Wall-clock limit in seconds, all attempts together (service only): past "
         "it the job checkpoints and fails. Default and cap: the operator's.",
     )
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(1, ge=1, le=INT4_MAX)
     quality_sample: int = Field(256, ge=0, description="Examples scored for the data signal.")
     metadata: dict[str, str] = Field(default_factory=dict)
     parallelism: Parallelism = Field(

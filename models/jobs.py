@@ -223,6 +223,17 @@ def create_job(
     return job
 
 
+def exported_model(job: Job) -> dict[str, Any] | None:
+    """The model a job exported (`result["final_model"]`: its store `prefix` and `files`)
+    when the job succeeded with one, else None. A succeeded job need not have one (a worker
+    may finish it without an export): every place that shows or serves a job's model asks
+    here, so none lists a model that cannot be downloaded."""
+    if job.status != "succeeded":
+        return None
+    final = (job.result or {}).get("final_model")
+    return final if isinstance(final, dict) and final else None
+
+
 def request_cancel(session: Session, job_id: str) -> str | None:
     """Cancel for the API: a job that has not started is cancelled at once, a running one
     becomes `cancelling` (its worker stops at the next step boundary and saves a checkpoint).

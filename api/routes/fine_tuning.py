@@ -26,6 +26,7 @@ from api.queues import QueueDep, enqueue_after_commit
 from api.routes.jobs import cancel_with
 from api.schemas import error_responses, unix_seconds
 from contract.spec import JobSpec
+from models.jobs import exported_model
 from models.tables import Checkpoint, File, Job, JobEvent, JobMetric
 
 router = APIRouter(tags=["openai"])
@@ -100,10 +101,11 @@ def create_fine_tuning_job(
         ) from None
     job = admit_job(spec, team.id, session, settings)
     out = oa.job_object(job)
+    response = JSONResponse(out)  # rendered before the commit: nothing may fail after it
     if (winner := idem.commit(200, out)) is not None:
         return winner
     enqueue_after_commit(queue, job.id)
-    return JSONResponse(out)
+    return response
 
 
 @router.get("/fine_tuning/jobs", responses=_ERRORS)
@@ -156,14 +158,14 @@ def list_fine_tuning_checkpoints(
 
 
 def _team_models(session, team_id: str) -> list[Job]:
-    return list(
-        session.execute(
-            select(Job)
-            .where(Job.team_id == team_id, Job.status == "succeeded")
-            .order_by(Job.id.desc())
-            .limit(1000)
-        ).scalars()
-    )
+    """The team's jobs that exported a model (a succeeded job need not have one)."""
+    jobs = session.execute(
+        select(Job)
+        .where(Job.team_id == team_id, Job.status == "succeeded")
+        .order_by(Job.id.desc())
+        .limit(1000)
+    ).scalars()
+    return [j for j in jobs if exported_model(j) is not None]
 
 
 @router.get("/models", responses=_ERRORS)
@@ -190,8 +192,8 @@ def retrieve_model(model_id: str, team: CurrentTeam, session: SessionDep, settin
     if (
         job is None
         or job.team_id != team.id
-        or job.status != "succeeded"
+        or exported_model(job) is None
         or (oa.fine_tuned_model(job) != model_id)
-    ):  # not owned() alone: a model exists only once its job succeeded
+    ):  # not owned() alone: a model exists only once its job has exported one
         raise api_error(404, f"no model {model_id!r}", field="model")
     return oa.model_object(model_id, unix_seconds(job.finished_at or job.created_at), team.id)

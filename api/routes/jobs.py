@@ -82,10 +82,12 @@ def create_job(
         return replayed
     job = admit_job(spec, team.id, session, settings)
     body = JobOut.of(job).model_dump(mode="json")
+    # Rendered before the commit: nothing may fail once the job is committed and enqueued.
+    content = orjson.dumps(body)
     if (winner := idem.commit(201, body)) is not None:
         return winner
     enqueue_after_commit(queue, job.id)  # after the commit: the worker must find the row
-    return Response(orjson.dumps(body), status_code=201, media_type="application/json")
+    return Response(content, status_code=201, media_type="application/json")
 
 
 # --- read --------------------------------------------------------------------------------------
@@ -252,8 +254,8 @@ async def stream_events(
 def get_metrics(
     job: OwnedJob,
     session: SessionDep,
-    from_step: Annotated[int, Query(ge=0)] = 0,
-    to_step: Annotated[int | None, Query(ge=0)] = None,
+    from_step: Annotated[int, Query(ge=0, le=INT4_MAX)] = 0,
+    to_step: Annotated[int | None, Query(ge=0, le=INT4_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ):
     """Per-step training metrics with from_step <= step <= to_step, by step. For the next
@@ -285,7 +287,7 @@ def download_checkpoint_file(
     session: SessionDep,
     store: StoreDep,
     settings: SettingsDep,
-    step: Annotated[int, Path(ge=0)],
+    step: Annotated[int, Path(ge=0, le=INT4_MAX)],
     file: Annotated[
         str, Query(min_length=1, max_length=255, description="A name from the checkpoint's files.")
     ],
@@ -310,8 +312,8 @@ def download_model_file(
 ):
     """One file of the job's exported model (an adapter or full model directory loadable by
     transformers/peft), once the job has succeeded."""
-    final = (job.result or {}).get("final_model")
-    if job.status != "succeeded" or not final:
+    final = job_states.exported_model(job)
+    if final is None:
         raise api_error(
             404, f"job {job.id} has no exported model (status {job.status})", field="job_id"
         )

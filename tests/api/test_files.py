@@ -385,3 +385,35 @@ def test_every_error_of_a_line_comes_back_with_its_field(client, team_a, store):
     errors = r.json()["error"]["errors"]
     assert [(e["line"], e["field"]) for e in errors] == [(2, "prompt"), (2, "rejected")]
     assert "identical" in errors[1]["message"] and stored_objects(store) == []
+
+
+@pytest.mark.parametrize("length", [71, 257, 1000])
+def test_a_boundary_longer_than_rfc_2046_allows_is_400_and_leaves_nothing(
+    client, team_a, store, db_sessions, length
+):
+    """python-multipart's parser raised in its constructor for a boundary past 256
+    characters, outside the handling that turns its errors into a 400: a 500."""
+    body, headers = _multipart(
+        ("purpose", None, b"train"), ("file", "a.jsonl", PREFERENCE), boundary="a" * length
+    )
+    r = client.post("/v1/files", headers={**team_a.headers, **headers}, content=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["message"].startswith("malformed multipart body") and "70" in error["message"]
+    assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
+    body, headers = _multipart(
+        ("purpose", None, b"train"), ("file", "a.jsonl", PREFERENCE), boundary="a" * 70
+    )
+    assert client.post("/v1/files", headers={**team_a.headers, **headers}, content=body).is_success
+
+
+def test_a_key_that_is_a_lone_surrogate_is_named_in_a_422_not_a_500(
+    client, team_a, store, db_sessions
+):
+    """The line {"\\ud800": 1} (valid JSON) is of no known format; its key went raw into the
+    422's message, which Starlette could not encode: a 500."""
+    r = upload(client, team_a, b'{"\\ud800": 1}\n')
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["error"]["errors"]
+    assert error["field"] == "(columns)" and "'\\ud800'" in error["message"]
+    assert _file_rows(db_sessions) == 0 and stored_objects(store) == []

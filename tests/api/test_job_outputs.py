@@ -132,3 +132,24 @@ def test_the_completion_marker_is_neither_listed_nor_served(client, team_a, job_
     assert r.status_code == 404
     message = r.json()["error"]["message"]
     assert "_COMPLETE" not in message.split("it has")[-1] and "model.safetensors" in message
+
+
+@pytest.mark.parametrize("value", [2**31, 2**63, 2**64])
+def test_steps_past_int4_are_422_naming_the_parameter(
+    client, team_a, job_with_checkpoint, value
+):
+    """Steps are int4 columns; on SQLite a step >= 2**63 raised OverflowError (a 500)."""
+    job_id = job_with_checkpoint
+    for name in ("from_step", "to_step"):
+        r = client.get(
+            f"/v1/jobs/{job_id}/metrics", headers=team_a.headers, params={name: value}
+        )
+        assert r.status_code == 422, (name, r.text)
+        assert r.json()["error"]["field"] == name
+    r = checkpoint_file(client, team_a.headers, job_id, value, "model.safetensors")
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "step"
+    ok = client.get(
+        f"/v1/jobs/{job_id}/metrics", headers=team_a.headers, params={"to_step": 2**31 - 1}
+    )
+    assert ok.status_code == 200 and ok.json()["data"] == []

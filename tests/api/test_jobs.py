@@ -213,3 +213,51 @@ def test_a_default_batch_larger_than_the_data_is_fitted_with_a_warning(client, t
     events = client.get(f"/v1/jobs/{job['id']}/events", headers=team_a.headers).json()["data"]
     (warning,) = [e for e in events if e["kind"] == "warning"]
     assert "default batch of 32 pairs is larger than the 4 examples" in warning["message"]
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"checkpoint_every": 2**64}, "checkpoint_every"),
+        ({"log_every": 2**64}, "log_every"),
+        ({"checkpoint_every": 2**31}, "checkpoint_every"),
+    ],
+)
+def test_integers_too_large_to_store_or_render_are_422_and_leave_no_job(
+    client, team_a, train_file, queue, db_sessions, overrides, field
+):
+    """A seed of 2**64 was committed and enqueued, then the response could not be rendered
+    (orjson takes 64-bit integers only): a 500 over a job that runs."""
+    r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, **overrides))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == field
+    assert job_rows(db_sessions) == 0 and queue.job_ids == []
+
+
+def test_the_extreme_seeds_are_accepted_and_returned(client, team_a, train_file):
+    for seed in (2**63 - 1, -(2**63)):
+        assert create_job(client, team_a, train_file, seed=seed)["spec"]["seed"] == seed
+
+
+def test_a_response_that_cannot_be_rendered_leaves_no_job_behind(
+    app, team_a, train_file, queue, db_sessions, monkeypatch
+):
+    """The body is rendered before the commit: whatever fails there, no job is committed
+    and enqueued behind a 500."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    import api.routes.jobs as routes
+
+    def unrenderable(body):
+        raise TypeError("Integer exceeds 64-bit range")
+
+    monkeypatch.setattr(routes, "orjson", SimpleNamespace(dumps=unrenderable))
+    r = TestClient(app, raise_server_exceptions=False).post(
+        "/v1/jobs", headers=team_a.headers, json=job_body(train_file)
+    )
+    assert r.status_code == 500
+    assert job_rows(db_sessions) == 0 and queue.job_ids == []

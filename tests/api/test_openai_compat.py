@@ -4,6 +4,8 @@ would (tests/worker/test_openai_end_to_end.py runs a real one)."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from openai.types import FileObject, Model
@@ -82,7 +84,8 @@ def test_a_dpo_job_runs_through_its_life_with_the_sdks_types(oai, db_sessions, q
         assert job_states.claim(s, job.id, "w1", 60) is not None
         job_states.record_metrics(s, job.id, 2, {"loss": 0.5})
         job_states.add_checkpoint(s, job.id, 2, "p/", bytes=10)
-        assert job_states.finish(s, job.id, "w1", "succeeded", result={"tokens_trained": 123})
+        result = {"tokens_trained": 123, "final_model": {"prefix": "p/final/", "files": ["x"]}}
+        assert job_states.finish(s, job.id, "w1", "succeeded", result=result)
         s.commit()
 
     done = _strict(FineTuningJob, oai.fine_tuning.jobs.retrieve(job.id))
@@ -257,3 +260,113 @@ def test_reinforcement_steps_count_prompts_not_sequences(oai, db_sessions):
         extra_body={"spec": {"online": {"num_samples": 4}}},
     )
     assert _spec(db_sessions, job.id)["max_steps"] == 6  # 2 × ceil(12 / 4)
+
+
+GRPO_BODY = {
+    "model": "tiny-llama",
+    "method": {"type": "reinforcement", "reinforcement": {"grader": EXACT}},
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "param"),
+    [
+        ('{"online": "x"}', "online"),
+        ('{"online": ["x"]}', "online"),
+        ('{"online": {"num_samples": "a"}}', "online.num_samples"),
+        ('{"online": {"num_samples": {"a": 1}}}', "online.num_samples"),
+        ('{"online": {"num_samples": 1e400}}', "online.num_samples"),
+        ('{"online": {"num_samples": 0}}', "online.num_samples"),
+        ('{"online": {"num_samples": -3}}', "online.num_samples"),
+        ('{"online": {"num_samples": true}}', "online.num_samples"),
+    ],
+)
+def test_bad_online_values_in_spec_are_400s_naming_the_field(
+    client, oai, team_a, db_sessions, queue, spec, param
+):
+    """A reinforcement job without spec.max_steps counts its steps from spec.online's
+    num_samples before JobSpec has validated it: .get() of a string, int() of "a", of a
+    dict, of 1e400 (infinity) and a division by 0 were 500s."""
+    training = _upload(oai, PROMPTS)
+    body = json.dumps({**GRPO_BODY, "training_file": training.id})[:-1]
+    r = client.post(
+        "/v1/fine_tuning/jobs",
+        headers={**team_a.headers, "Content-Type": "application/json"},
+        content=f'{body}, "spec": {spec}}}',
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert queue.job_ids == []
+
+
+def test_a_response_that_cannot_be_rendered_leaves_no_fine_tuning_job(
+    app, team_a, oai, db_sessions, queue, monkeypatch
+):
+    """The response is rendered before the commit: a failure there leaves no job committed
+    and enqueued behind a 500."""
+    from fastapi.testclient import TestClient
+
+    import api.routes.fine_tuning as routes
+
+    def unrenderable(*args, **kwargs):
+        raise TypeError("cannot render")
+
+    training = _upload(oai)
+    monkeypatch.setattr(routes, "JSONResponse", unrenderable)
+    r = TestClient(app, raise_server_exceptions=False).post(
+        "/v1/fine_tuning/jobs",
+        headers=team_a.headers,
+        json={"model": "tiny-llama", "training_file": training.id, "method": DPO},
+    )
+    assert r.status_code == 500
+    assert queue.job_ids == []
+    with db_sessions() as s:
+        assert s.query(Job).count() == 0
+
+
+def _succeed(db_sessions, job_id: str, result: dict) -> None:
+    with db_sessions() as s:
+        assert job_states.claim(s, job_id, "w1", 60) is not None
+        assert job_states.finish(s, job_id, "w1", "succeeded", result=result)
+        s.commit()
+
+
+def test_only_a_job_that_exported_a_model_has_one(oai, db_sessions):
+    """A succeeded job has a model only when its result names one (result.final_model), as
+    its download and evaluations require: /v1/models listed every succeeded job."""
+    training = _upload(oai)
+    bare, exported = (
+        oai.fine_tuning.jobs.create(model="tiny-llama", training_file=training.id, method=DPO)
+        for _ in range(2)
+    )
+    _succeed(db_sessions, bare.id, {"tokens_trained": 5})
+    _succeed(db_sessions, exported.id, {"final_model": {"prefix": "p/final/", "files": ["x"]}})
+    bare_job = _strict(FineTuningJob, oai.fine_tuning.jobs.retrieve(bare.id))
+    assert bare_job.status == "succeeded" and bare_job.fine_tuned_model is None
+    model = _strict(FineTuningJob, oai.fine_tuning.jobs.retrieve(exported.id)).fine_tuned_model
+    assert model == f"ft:tiny-llama:{bare_job.organization_id}::{exported.id}"
+    ids = [m.id for m in oai.models.list()]
+    assert model in ids and not any(i.endswith(bare.id) for i in ids)
+    assert oai.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve(f"ft:tiny-llama:{bare_job.organization_id}::{bare.id}")
+
+
+def test_event_levels_follow_the_events_our_code_writes(oai, db_sessions):
+    """A failure is the `status` event of the move to failed (models.jobs.transition), a
+    warning a `warning` event (trainer, worker): the levels OpenAI's SDK shows."""
+    training = _upload(oai)
+    job = oai.fine_tuning.jobs.create(model="tiny-llama", training_file=training.id, method=DPO)
+    with db_sessions() as s:
+        assert job_states.claim(s, job.id, "w1", 60) is not None
+        job_states.add_event(s, job.id, "warning", "some examples were truncated", {})
+        error = {"type": "training_failed", "message": "CUDA out of memory"}
+        assert job_states.finish(s, job.id, "w1", "failed", error=error, message="out of memory")
+        s.commit()
+    events = [_strict(FineTuningJobEvent, e) for e in oai.fine_tuning.jobs.list_events(job.id)]
+    levels = {e.message: e.level for e in events}
+    assert levels["out of memory"] == "error" and levels["some examples were truncated"] == "warn"
+    assert [e.level for e in events].count("error") == 1
+    assert {e.type for e in events} == {"message"}
+    others = [e.level for e in events if e.level not in ("error", "warn")]
+    assert others == ["info"] * 3  # created, validating → queued, queued → running

@@ -267,3 +267,13 @@ def test_jsonl_reader_streams_records_with_offsets_and_fails_at_the_end(tmp_path
     empty.write_text("")
     with pytest.raises(ValueError, match="no records"):
         JsonlReader(str(empty)).first()
+
+
+def test_an_unknown_format_names_its_keys_printably_even_a_lone_surrogate():
+    """A key of "\\ud800" (valid JSON, no valid UTF-8) went into the error message raw: the
+    API could not encode the 422 that carried it and answered 500."""
+    report, _ = validate([b'{"\\ud800": 1, "b\\u00e9": 2}'])
+    (error,) = report.errors
+    assert error.field == "(columns)"
+    assert "'\\ud800'" in error.message and "'bé'" in error.message
+    error.message.encode("utf-8")  # no lone surrogate left in it

@@ -75,3 +75,28 @@ def test_load_spec_yaml(tmp_path):
     )
     s = load_spec(p)
     assert s.objective.name == "kto" and s.objective.beta == 0.5 and s.humanline
+
+
+@pytest.mark.parametrize(
+    "kw, where",
+    [
+        ({"seed": 2**64}, "seed"),  # orjson (the API's renderer) refuses ints >= 2**64
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"checkpoint_every": 2**64}, "checkpoint_every"),
+        ({"checkpoint_every": 2**31}, "checkpoint_every"),  # steps are int4 columns
+        ({"log_every": 2**64}, "log_every"),
+        ({"log_every": 2**31}, "log_every"),
+    ],
+)
+def test_integers_past_what_is_stored_and_rendered_are_refused(kw, where):
+    with pytest.raises(ValidationError) as err:
+        spec(**kw)
+    assert [e["loc"] for e in err.value.errors()] == [(where,)]
+
+
+def test_every_signed_64_bit_seed_and_int4_interval_is_accepted():
+    assert (spec(seed=2**63 - 1).seed, spec(seed=-(2**63)).seed) == (2**63 - 1, -(2**63))
+    assert spec().seed == 0 and spec(seed=-1).seed == -1
+    big = spec(checkpoint_every=2**31 - 1, log_every=2**31 - 1)
+    assert (big.checkpoint_every, big.log_every) == (2**31 - 1, 2**31 - 1)
