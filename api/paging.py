@@ -25,6 +25,7 @@ Cursor = Annotated[
     str | None, Query(max_length=64, description="Cursor: the last id of the previous page.")
 ]
 Limit = Annotated[int, Query(ge=1, le=100)]
+DEFAULT_LIMIT = 20  # a list's page size when `limit` is not given
 
 
 def where_given(query: Select, *filters: tuple[Any, Any]) -> Select:

@@ -21,7 +21,7 @@ from api.deps import (
 )
 from api.errors import api_error
 from api.owned import OwnedEvaluation, get_owned_evaluation, owned  # noqa: F401 (re-exported)
-from api.paging import Cursor, Limit, fetch_page, where_given
+from api.paging import DEFAULT_LIMIT, Cursor, Limit, fetch_page, where_given
 from api.queues import EvalQueueDep, enqueue_after_commit
 from api.schemas import Page, error_responses
 from api.schemas_eval import (
@@ -64,7 +64,7 @@ def _model(
                 404, f"job {job.id} has no checkpoint at step {body.step}", field="step"
             )
         return job.id, ckpt.id
-    if job.status != "succeeded" or not (job.result or {}).get("final_model"):
+    if job_states.exported_model(job) is None:
         raise api_error(
             409,
             f"job {job.id} is {job.status} and has no exported final model; "
@@ -131,7 +131,7 @@ def list_evaluations(
     status: EvalStatus | None = None,
     kind: EvalKind | None = None,
     after: Cursor = None,
-    limit: Limit = 20,
+    limit: Limit = DEFAULT_LIMIT,
 ):
     """Newest first; filter by job, status and kind."""
     query = where_given(

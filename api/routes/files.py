@@ -30,7 +30,7 @@ from api.deps import (
 from api.errors import api_error
 from api.limits import upload_limiter
 from api.owned import OwnedFile
-from api.paging import Cursor, Limit, fetch_page, where_given
+from api.paging import DEFAULT_LIMIT, Cursor, Limit, fetch_page, where_given
 from api.schemas import Deleted, FileOut, Page, error_responses
 from api.uploads import (
     PURPOSES,
@@ -285,7 +285,7 @@ def list_files(
     team: CurrentTeam,
     session: SessionDep,
     after: Cursor = None,
-    limit: Limit = 20,
+    limit: Limit = DEFAULT_LIMIT,
     purpose: FilePurpose | None = None,
 ):
     """Newest first."""

@@ -21,7 +21,7 @@ from api.admission import admit_job
 from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep
 from api.errors import api_error, validation_errors
 from api.owned import owned
-from api.paging import Cursor, Limit, newest_first
+from api.paging import DEFAULT_LIMIT, Cursor, Limit, newest_first
 from api.queues import QueueDep, enqueue_after_commit
 from api.routes.jobs import cancel_with
 from api.schemas import error_responses, unix_seconds
@@ -113,7 +113,7 @@ def list_fine_tuning_jobs(
     team: CurrentTeam,
     session: SessionDep,
     after: Cursor = None,
-    limit: Limit = 20,
+    limit: Limit = DEFAULT_LIMIT,
 ):
     """Newest first; `after` is the last job id of the previous page."""
     query = newest_first(select(Job).where(Job.team_id == team.id), Job.id, after, limit)

@@ -31,7 +31,7 @@ from api.downloads import serve_file
 from api.errors import api_error
 from api.limits import SlotStreamingResponse, StreamSlot, stream_poll_limiter
 from api.owned import OwnedJob, get_owned_job  # noqa: F401 (get_owned_job: re-exported)
-from api.paging import Cursor, Limit, page_of, where_given
+from api.paging import DEFAULT_LIMIT, Cursor, Limit, page_of, where_given
 from api.queues import QueueDep, enqueue_after_commit
 from api.schemas import (
     CheckpointOut,
@@ -99,7 +99,7 @@ def list_jobs(
     team: CurrentTeam,
     session: SessionDep,
     after: Cursor = None,
-    limit: Limit = 20,
+    limit: Limit = DEFAULT_LIMIT,
     status: JobStatus | None = None,
 ):
     """Newest first. Filter with `status=` and any number of `metadata[key]=value`."""
