@@ -116,10 +116,7 @@ def reap_expired(
             values: dict[str, Any] = {
                 "status": "failed",
                 "finished_at": now,
-                "error": {
-                    "type": "worker_lost",
-                    "message": f"the worker was lost {attempt} times; giving up",
-                },
+                "error": leases.worker_lost(attempt),
             }
         else:
             values = {"status": "queued"}

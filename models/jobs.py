@@ -412,10 +412,7 @@ def reap_expired(
                 where=still_expired,
                 message=f"lease of {owner} expired; {attempt} attempts exhausted",
                 data=data,
-                error={
-                    "type": "worker_lost",
-                    "message": f"the worker was lost {attempt} times; giving up",
-                },
+                error=leases.worker_lost(attempt),
             )
         elif transition(
             session,

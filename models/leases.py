@@ -38,6 +38,11 @@ LEASED_STATUSES = ("running", "cancelling")
 CLEAR_LEASE: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
 
 
+def worker_lost(attempt: int) -> dict[str, str]:
+    """The error of a row the reaper fails: its worker was lost on every allowed attempt."""
+    return {"type": "worker_lost", "message": f"the worker was lost {attempt} times; giving up"}
+
+
 def expired(table: Any, now: datetime) -> ColumnElement[bool]:
     """The lease of a leased row has run out (or was never set)."""
     return or_(table.lease_expires_at.is_(None), table.lease_expires_at < now)
