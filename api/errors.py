@@ -15,6 +15,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.observability import current_request_id
+from models.db import UnstorableValue
 from storage import StorageUnavailableError
 
 log = logging.getLogger("humanline.api")
@@ -148,16 +149,18 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def invalid_data(request: Request, exc: Exception) -> JSONResponse:
         # the database refused a value the request carried (PostgreSQL: a NUL character in
-        # text or JSON, "?after=%00"): the client's input, not a server fault
+        # text or JSON, "?after=%00"; either backend: text that is not Unicode in a JSON
+        # column, models.db.UnstorableValue): the client's input, not a server fault
         log.warning("database refused a request value: %s", str(exc).splitlines()[0][:200])
         detail = {
             "message": "a value in the request cannot be stored or searched "
-            "(for instance a NUL character)",
+            "(for instance a NUL character, or a lone UTF-16 surrogate)",
             "type": "invalid_request_error",
         }
         return JSONResponse(error_body(422, detail), status_code=422)
 
     app.add_exception_handler(DataError, invalid_data)
+    app.add_exception_handler(UnstorableValue, invalid_data)
     app.add_exception_handler(StorageUnavailableError, storage_unavailable)
     # Starlette types a handler as taking any Exception; ours take the one they handle.
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]

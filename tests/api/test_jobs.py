@@ -261,3 +261,18 @@ def test_a_response_that_cannot_be_rendered_leaves_no_job_behind(
     )
     assert r.status_code == 500
     assert job_rows(db_sessions) == 0 and queue.job_ids == []
+
+
+@pytest.mark.parametrize("metadata", [{"note": "a\ud800b"}, {"note": "\udfff"}])
+def test_text_that_is_not_unicode_is_422_on_both_backends_and_leaves_no_job(
+    client, team_a, train_file, queue, db_sessions, metadata
+):
+    """A lone surrogate ("\\ud800" in the JSON) cannot be stored: PostgreSQL refused it, and
+    SQLite stored it, after which every read of the team's jobs was a 500. Now both refuse it
+    with the same 422 (models.db.UnstorableValue), before anything is committed."""
+    body = json.dumps(job_body(train_file, metadata=metadata))  # the escape, as a client sends it
+    headers = {**team_a.headers, "Content-Type": "application/json"}
+    r = client.post("/v1/jobs", headers=headers, content=body)
+    assert r.status_code == 422 and "cannot be stored" in r.json()["error"]["message"], r.text
+    assert job_rows(db_sessions) == 0 and queue.job_ids == []
+    assert client.get("/v1/jobs", headers=team_a.headers).status_code == 200
