@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from storage.keys import check_key
+from storage.keys import RESERVED_ROOT, check_key
 
 COMPLETE_MARKER = "_COMPLETE"
 _MANIFEST_VERSION = 1
@@ -108,6 +108,16 @@ def atomic_local_file(path: Path) -> Iterator[Path]:
         raise
 
 
+def temp_name(key: str) -> str:
+    """NAME of a temporary object's key ".tmp/NAME" (as `scan_temp` lists it); ValueError for
+    any other key, or a NAME that is empty, '.', '..' or holds a '/' or '\\' (one file right
+    under the reserved area, nothing a path could climb out of). Both stores' `delete_temp`."""
+    head, _, name = key.partition("/")
+    if head != RESERVED_ROOT or name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"not a temporary object: {key!r}")
+    return name
+
+
 def _dir_prefix(prefix: str) -> str:
     """A checkpoint prefix must be a non-empty "directory" prefix ending in '/'."""
     check_key(prefix, prefix=True)
@@ -127,7 +137,7 @@ def _check_relpath(rel: str) -> str:
 class StoreBase:
     """Operations defined once in terms of the primitives each backend implements."""
 
-    TMP_DIR = ".tmp"  # reserved first segment for in-flight temporary objects
+    TMP_DIR = RESERVED_ROOT  # reserved first segment for in-flight temporary objects
 
     # --- primitives (implemented by LocalStore and S3Store) ---------------------------------
     def put_file(self, key: str, path: Path) -> None:  # pragma: no cover - abstract

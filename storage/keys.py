@@ -6,6 +6,7 @@ together, and a key can never name another team's object):
     {team}/files/{file}.jsonl          uploaded datasets (published by `move` after validation)
     {team}/uploads/{file}.jsonl        staging area of an upload still being validated
     {team}/{job}/step-{n}/...          checkpoint directories (with a `_COMPLETE` marker)
+    {team}/{job}/final/...             the exported model of a finished job (same marker)
     {team}/{job}/reports/{name}        evaluation reports
 
 Ids are validated against a strict pattern instead of being escaped: an id that needs escaping
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import re
 
+from contract.runs import CHECKPOINT_DIR_RE, FINAL_DIR, checkpoint_dir_name
+
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_KEY_BYTES = 1024  # S3's own limit on key length
@@ -24,7 +27,7 @@ MAX_KEY_BYTES = 1024  # S3's own limit on key length
 # Path segments directly under a team that hold non-job objects. A job id equal to one of
 # them would make `job_prefix(team, job)` cover the team's files, so it is refused.
 _TEAM_NAMESPACES = frozenset({"files", "uploads"})
-# First segment reserved for the stores' own temporary objects (see StoreBase.TMP_DIR).
+# First segment reserved for the stores' own temporary objects (StoreBase.TMP_DIR is this).
 RESERVED_ROOT = ".tmp"
 
 
@@ -72,7 +75,12 @@ def job_prefix(team_id: str, job_id: str) -> str:
 
 def checkpoint_prefix(team_id: str, job_id: str, step: int) -> str:
     """A checkpoint directory: "{team}/{job}/step-{n}/" (n not zero-padded: parse, don't sort)."""
-    return f"{job_prefix(team_id, job_id)}step-{_check_step(step)}/"
+    return f"{job_prefix(team_id, job_id)}{checkpoint_dir_name(_check_step(step))}/"
+
+
+def final_model_prefix(team_id: str, job_id: str) -> str:
+    """A finished job's exported model: "{team}/{job}/final/" (contract.runs.FINAL_DIR)."""
+    return f"{job_prefix(team_id, job_id)}{FINAL_DIR}/"
 
 
 def report_key(team_id: str, job_id: str, name: str) -> str:
@@ -85,7 +93,7 @@ def report_key(team_id: str, job_id: str, name: str) -> str:
 
 def parse_checkpoint_step(prefix: str) -> int:
     """The step of a `checkpoint_prefix`; ValueError if `prefix` is not one."""
-    m = re.fullmatch(r"[^/]+/[^/]+/step-(0|[1-9][0-9]*)/", prefix)
+    m = re.fullmatch(rf"[^/]+/[^/]+/(?:{CHECKPOINT_DIR_RE.pattern})/", prefix)
     if m is None:
         raise ValueError(f"not a checkpoint prefix: {prefix!r}")
     return int(m.group(1))

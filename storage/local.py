@@ -15,7 +15,14 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from storage.base import ObjectInfo, ObjectNotFound, StorageError, StoreBase, atomic_local_file
+from storage.base import (
+    ObjectInfo,
+    ObjectNotFound,
+    StorageError,
+    StoreBase,
+    atomic_local_file,
+    temp_name,
+)
 from storage.keys import check_key
 
 _COPY_BUFFER = 1 << 20
@@ -186,10 +193,7 @@ class LocalStore(StoreBase):
 
     def delete_temp(self, obj: ObjectInfo) -> None:
         """Remove a file of `scan_temp` (key ".tmp/NAME"; nothing else is accepted)."""
-        head, _, name = obj.key.partition("/")
-        if head != self.TMP_DIR or name in ("", ".", "..") or "/" in name or "\\" in name:
-            raise ValueError(f"not a temporary object: {obj.key!r}")
-        (self._tmp / name).unlink(missing_ok=True)
+        (self._tmp / temp_name(obj.key)).unlink(missing_ok=True)
 
     @staticmethod
     def _info(key: str, path: Path) -> ObjectInfo | None:

@@ -43,6 +43,7 @@ from storage.base import (
     StorageError,
     StoreBase,
     atomic_local_file,
+    temp_name,
 )
 from storage.keys import check_key
 from storage.s3_client import (
@@ -482,7 +483,5 @@ class S3Store(StoreBase):
                 if code != "NoSuchUpload" and not isinstance(exc, ObjectNotFound):
                     raise  # (an upload finished or aborted meanwhile is fine)
             return
-        head, _, name = obj.key.partition("/")
-        if head != self.TMP_DIR or not name:
-            raise ValueError(f"not a temporary object: {obj.key!r}")
+        temp_name(obj.key)  # the same names as LocalStore's, refused the same way
         self._delete_raw(full_key, obj.key)

@@ -13,6 +13,7 @@ from storage.keys import (
     check_key,
     checkpoint_prefix,
     file_key,
+    final_model_prefix,
     job_prefix,
     parse_checkpoint_step,
     report_key,
@@ -45,6 +46,7 @@ def test_layout():
     assert job_prefix("team1", "job-1") == "team1/job-1/"
     assert checkpoint_prefix("team1", "job-1", 0) == "team1/job-1/step-0/"
     assert checkpoint_prefix("team1", "job-1", 250) == "team1/job-1/step-250/"
+    assert final_model_prefix("team1", "job-1") == "team1/job-1/final/"
     assert report_key("team1", "job-1", "eval.json") == "team1/job-1/reports/eval.json"
     assert parse_checkpoint_step("team1/job-1/step-250/") == 250
     assert check_id("x" * 64) == "x" * 64
@@ -59,7 +61,18 @@ def test_bad_ids_rejected(bad):
     with pytest.raises(ValueError):
         checkpoint_prefix("t1", bad, 1)
     with pytest.raises(ValueError):
+        final_model_prefix("t1", bad)
+    with pytest.raises(ValueError):
         report_key(bad, "j1", "eval.json")
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["t1/j1/step-01/", "t1/j1/step-/", "t1/j1/step-1", "t1/j1/x/step-1/", "t1/j1/final/", ""],
+)
+def test_parse_checkpoint_step_refuses_other_prefixes(prefix):
+    with pytest.raises(ValueError):
+        parse_checkpoint_step(prefix)
 
 
 @pytest.mark.parametrize("step", [-1, True, 1.0, "1", None])

@@ -15,6 +15,7 @@ from storage import (
     COMPLETE_MARKER,
     IncompleteCheckpointError,
     LocalStore,
+    ObjectInfo,
     ObjectNotFound,
     ObjectStore,
 )
@@ -310,3 +311,35 @@ def test_store_refuses_bad_keys(store: ObjectStore, key: str, tmp_path: Path):
     with pytest.raises(ValueError):
         store.presigned_url(key)
     assert store.list("") == []
+
+
+# --- temporary objects: one rule for both backends (storage.base.temp_name) -----------------
+def _leave_temp(store: ObjectStore) -> None:
+    """A temporary object as a writer that died leaves it."""
+    if isinstance(store, LocalStore):
+        fd, _ = store._temp_file()
+        os.close(fd)
+    else:
+        store._client.put_object(Bucket=store.bucket, Key=store._tmp_key(), Body=b"t")
+
+
+def test_delete_temp_removes_a_listed_temporary_object(store: ObjectStore, raw_keys):
+    _leave_temp(store)
+    (obj,) = store.scan_temp()
+    store.delete_temp(obj)
+    assert store.scan_temp() == [] and raw_keys() == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    [".tmp", ".tmp/", ".tmp/.", ".tmp/..", ".tmp/../a", ".tmp/a/b", ".tmp/a\\b", "a/b", "tmp/x"],
+)
+def test_delete_temp_refuses_the_same_names_on_both_backends(
+    store: ObjectStore, key: str, raw_keys
+):
+    store.put_bytes("a/b", b"kept")
+    _leave_temp(store)
+    before = raw_keys()
+    with pytest.raises(ValueError, match="not a temporary object"):
+        store.delete_temp(ObjectInfo(key, 1, 0.0))
+    assert raw_keys() == before
