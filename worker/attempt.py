@@ -48,6 +48,12 @@ from worker.scrub import Server, error_tail, scrub, this_server
 
 log = logging.getLogger("humanline.worker")
 
+# The most of a message a team reads in an error or an event (the child's own words can be
+# long; the whole of them stays in the attempt's logs), and the log file of the child's stderr
+# in the attempt's directory (read back by stderr_tail for a failure's details).
+MAX_MESSAGE_CHARS = 2000
+STDERR_LOG = "stderr.log"
+
 
 class AttemptFailed(Exception):
     """A failure of the work itself (bad data, bad spec, a crash of the child): it fails."""
@@ -296,7 +302,7 @@ class LeasedAttempt:
     def supervise(self, launch: Launch) -> int:
         """Start the child, tail it until it exits; its exit code."""
         self.log.info("starting: %s", " ".join(launch.argv))
-        with open(self.dir / "stdout.log", "wb") as out, open(self.dir / "stderr.log", "wb") as err:
+        with open(self.dir / "stdout.log", "wb") as out, open(self.dir / STDERR_LOG, "wb") as err:
             self.proc = subprocess.Popen(
                 launch.argv,
                 stdin=subprocess.DEVNULL,

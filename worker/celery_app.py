@@ -42,7 +42,7 @@ from contract.tasks import CPU_QUEUE, GPU_QUEUE, RUN_EVALUATION, RUN_JOB, ingres
 from models.db import make_engine, make_session_factory
 from models.tables import Evaluation, Job
 from worker.config import get_worker_settings
-from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations
+from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations, reaper_options
 from worker.routing import queue_for
 
 log = logging.getLogger("humanline.worker")
@@ -126,10 +126,7 @@ def send_run_evaluation(sessions, evaluation_id: str) -> None:
 
 def sweep(sessions) -> list[str]:
     """One reaper sweep of jobs and evaluations, sending to their own queues."""
-    options: dict[str, Any] = {
-        "max_attempts": settings.MAX_JOB_ATTEMPTS,
-        "stale_queued_seconds": settings.STALE_QUEUED_SECONDS,
-    }
+    options = reaper_options(settings)
     return reap_and_requeue(
         sessions, lambda job_id: send_run_job(sessions, job_id), **options
     ) + reap_evaluations(sessions, lambda eid: send_run_evaluation(sessions, eid), **options)

@@ -70,7 +70,10 @@ class WorkerSettings(Settings):
         "to reach its next step boundary and checkpoint before it is killed.",
     )
     STDERR_TAIL_BYTES: int = Field(
-        4000, ge=100, description="How much of a failed trainer's stderr goes into job.error."
+        4000,
+        ge=100,
+        description="How much of the end of a failed trainer's or evaluation's stderr is read "
+        "for its error (worker.attempt.stderr_tail).",
     )
 
     @field_validator("WORKER_GPUS")

@@ -20,13 +20,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
 
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from storage import open_store
 from worker.config import WorkerSettings, as_worker_settings
-from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations
+from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations, reaper_options
 from worker.runner import Runner
 from worker.sweeper import StoreSweeper
 
@@ -73,11 +72,7 @@ class EmbeddedWorker:
     def _sweep(self) -> list[str]:
         # First sweep: everything queued is ours to (re)start; later ones only the stale.
         first, self._first_sweep = self._first_sweep, False
-        stale = 1e-6 if first else self.settings.STALE_QUEUED_SECONDS
-        options: dict[str, Any] = {
-            "max_attempts": self.settings.MAX_JOB_ATTEMPTS,
-            "stale_queued_seconds": stale,
-        }
+        options = reaper_options(self.settings, stale_queued_seconds=1e-6 if first else None)
         return reap_and_requeue(self.sessions, enqueue, **options) + reap_evaluations(
             self.sessions, enqueue_evaluation, **options
         )

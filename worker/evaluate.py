@@ -34,8 +34,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from contract.evaluation import judge_url
 from contract.runs import (
     EVAL_ERROR_FILE,
+    EVAL_ERROR_TYPE,
     EVAL_EXIT_OK,
     EVAL_EXIT_TYPES,
     EVAL_PROGRESS_FILE,
@@ -46,8 +48,16 @@ from contract.runs import (
 from models import evaluations as eval_states
 from models.tables import Checkpoint, Evaluation, File, Job
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore
-from storage.keys import job_prefix, report_key
-from worker.attempt import AttemptFailed, Launch, LeasedAttempt, claim_and_run, stderr_tail
+from storage.keys import final_model_prefix, report_key
+from worker.attempt import (
+    MAX_MESSAGE_CHARS,
+    STDERR_LOG,
+    AttemptFailed,
+    Launch,
+    LeasedAttempt,
+    claim_and_run,
+    stderr_tail,
+)
 from worker.config import WorkerSettings
 from worker.routing import Placement, trainer_env
 
@@ -68,7 +78,6 @@ SUMMARY_KEYS = (
     "started_at",
     "finished_at",
 )
-STDERR_TAIL_BYTES = 4000
 
 
 # --- prepare ----------------------------------------------------------------------------------
@@ -116,7 +125,7 @@ def _prepare(
             final = ((job.result or {}).get("final_model") or {}).get("prefix")
             if not final:
                 raise AttemptFailed(f"job {job.id} has no exported final model", "missing_model")
-            if final != job_prefix(row.team_id, job.id) + "final/":  # never follow a stray prefix
+            if final != final_model_prefix(row.team_id, job.id):  # never follow a stray prefix
                 raise AttemptFailed(
                     f"job {job.id} has an unexpected final model location", "missing_model"
                 )
@@ -144,7 +153,7 @@ def _prepare(
         if not judge:
             raise AttemptFailed("an instruction evaluation needs a judge", "invalid_evaluation")
         if judge.get("type") == "openai":
-            url = str(judge.get("base_url", "")).rstrip("/")
+            url = judge_url(str(judge.get("base_url", "")))  # as the API admitted it
             if url not in settings.judge_base_urls:  # the API checked; settings may change
                 raise AttemptFailed(
                     f"judge endpoint {url} is not allowed (EVAL_JUDGE_BASE_URLS)",
@@ -272,16 +281,17 @@ class EvaluationAttempt(LeasedAttempt):
         try:
             err = json.loads((self.out / EVAL_ERROR_FILE).read_text())
             return AttemptFailed(
-                str(err.get("message", "evaluation failed"))[:2000],
-                str(err.get("type", EVAL_EXIT_TYPES.get(rc, "evaluation_error"))),
+                str(err.get("message", "evaluation failed"))[:MAX_MESSAGE_CHARS],
+                str(err.get("type", EVAL_EXIT_TYPES.get(rc, EVAL_ERROR_TYPE))),
                 exit_code=rc,
             )
         except (OSError, ValueError):
-            tail, last = stderr_tail(self.dir / "stderr.log", STDERR_TAIL_BYTES, self.server())
+            limit = self.settings.STDERR_TAIL_BYTES
+            tail, last = stderr_tail(self.dir / STDERR_LOG, limit, self.server())
             what = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
             return AttemptFailed(
-                f"the evaluation process {what}: {last}"[:2000],
-                "evaluation_error",
+                f"the evaluation process {what}: {last}"[:MAX_MESSAGE_CHARS],
+                EVAL_ERROR_TYPE,
                 exit_code=rc,
                 stderr_tail=tail,
             )

@@ -27,9 +27,9 @@ from contract.runs import (
     checkpoint_step,
 )
 from models import jobs as job_states
-from storage import StorageError
+from storage import COMPLETE_MARKER, StorageError
 from storage.keys import checkpoint_prefix
-from worker.attempt import LeaseLost
+from worker.attempt import MAX_MESSAGE_CHARS, LeaseLost
 from worker.tail import JsonlTail
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class RunProgress:
             if kind not in COPIED_EVENT_KINDS:
                 data["trainer_kind"] = kind
                 kind = "log"
-            message = self.a.public(str(e.get("message", ""))[:2000])
+            message = self.a.public(str(e.get("message", ""))[:MAX_MESSAGE_CHARS])
             job_states.add_event(s, job_id, str(kind), message, data)
         for step in sorted(set(self.uploaded) - self.recorded):
             self._record_checkpoint(s, step)
@@ -154,20 +154,22 @@ class RunProgress:
                 raise LeaseLost(self.a.job_id)
             prefix = checkpoint_prefix(self.a.team_id, self.a.job_id, step)
             try:
-                keys = self.upload_dir(prefix, path, attempts=UPLOAD_ATTEMPTS if required else 1)
+                files = self.upload_dir(prefix, path, attempts=UPLOAD_ATTEMPTS if required else 1)
             except StorageError:
                 if required:
                     raise
                 self.a.log.warning("checkpoint upload failed; retrying next time", exc_info=True)
                 return  # keep step order: later checkpoints wait for this one
-            files = [k[len(prefix) :] for k in keys if not k.endswith("/_COMPLETE")]
             size = sum((path / f).stat().st_size for f in files)
             self.uploaded[step] = (prefix, files, size)
 
     def upload_dir(self, prefix: str, path: Path, attempts: int) -> list[str]:
+        """Upload `path` to the directory `prefix` (retried up to `attempts` times); the names
+        of its files under `prefix`, the completion marker left out."""
         for i in range(attempts):
             try:
-                return self.a.store.upload_dir(prefix, path)
+                keys = self.a.store.upload_dir(prefix, path)
+                return [k[len(prefix) :] for k in keys if not k.endswith("/" + COMPLETE_MARKER)]
             except StorageError:
                 if i == attempts - 1:
                     raise

@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +32,9 @@ from models import jobs as job_states
 from models import leases
 from models.db import session_scope
 from models.tables import Evaluation, Job
+
+if TYPE_CHECKING:
+    from worker.config import WorkerSettings
 
 log = logging.getLogger("humanline.worker.reaper")
 Send = Callable[[str], None]
@@ -78,6 +81,16 @@ def sweep(
     if stale:
         log.warning("re-sent %ss queued for too long: %s", kind.name, ", ".join(stale))
     return sent
+
+
+def reaper_options(
+    settings: WorkerSettings, *, stale_queued_seconds: float | None = None
+) -> dict[str, Any]:
+    """The options of a sweep (reap_and_requeue, reap_evaluations) from the settings:
+    MAX_JOB_ATTEMPTS and STALE_QUEUED_SECONDS, or `stale_queued_seconds` in its place (the
+    embedded worker's first sweep re-sends everything queued)."""
+    stale = settings.STALE_QUEUED_SECONDS if stale_queued_seconds is None else stale_queued_seconds
+    return {"max_attempts": settings.MAX_JOB_ATTEMPTS, "stale_queued_seconds": stale}
 
 
 def reap_and_requeue(sessions: sessionmaker[Session], send: Send, **options: Any) -> list[str]:

@@ -52,8 +52,10 @@ from models import jobs as job_states
 from models import scheduling
 from models.tables import Checkpoint, File, Job
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore
-from storage.keys import job_prefix
+from storage.keys import final_model_prefix
 from worker.attempt import (
+    MAX_MESSAGE_CHARS,
+    STDERR_LOG,
     AttemptFailed,
     Launch,
     LeasedAttempt,
@@ -85,7 +87,7 @@ def stderr_error(path: Path, rc: int, limit: int, server: Server | None = None) 
         message = f"the trainer exited with code {rc}" + (f": {last}" if last else "")
     return {
         "type": "trainer_error",
-        "message": message[:1000],
+        "message": message[:MAX_MESSAGE_CHARS],
         "exit_code": rc,
         "stderr_tail": tail,
     }
@@ -140,7 +142,7 @@ class Attempt(LeasedAttempt):
 
     def warn(self, message: str) -> None:
         try:
-            text = self.public(message[:2000])
+            text = self.public(message[:MAX_MESSAGE_CHARS])
             self.fenced(lambda s: job_states.add_event(s, self.job_id, "warning", text))
         except Exception:  # best effort: the DB may be the thing that failed
             log.debug("could not record a warning", exc_info=True)
@@ -261,11 +263,11 @@ class Attempt(LeasedAttempt):
         if rc == EXIT_OK:
             final = self.run_dir / FINAL_DIR
             if final.is_dir():
-                prefix = job_prefix(self.team_id, self.job_id) + FINAL_DIR + "/"
-                keys = p.upload_dir(prefix, final, attempts=UPLOAD_ATTEMPTS)
+                prefix = final_model_prefix(self.team_id, self.job_id)
+                files = p.upload_dir(prefix, final, attempts=UPLOAD_ATTEMPTS)
                 base["final_model"] = {
                     "prefix": prefix,
-                    "files": [k[len(prefix) :] for k in keys if not k.endswith("/_COMPLETE")],
+                    "files": files,
                     # counted by the team's storage quota (models.quota.storage_use)
                     "bytes": sum(f.stat().st_size for f in final.rglob("*") if f.is_file()),
                 }
@@ -273,7 +275,7 @@ class Attempt(LeasedAttempt):
         if self.stop_reason is not None and (rc == EXIT_STOPPED or self.killed):
             return self.stopped(self.stop_reason, base)
         error = stderr_error(
-            self.dir / "stderr.log", rc, self.settings.STDERR_TAIL_BYTES, self.server()
+            self.dir / STDERR_LOG, rc, self.settings.STDERR_TAIL_BYTES, self.server()
         )
         if rc == EXIT_INVALID_SPEC:
             error["type"] = "invalid_spec"
@@ -309,7 +311,8 @@ class Attempt(LeasedAttempt):
 
     def fail(self, error: dict[str, Any]) -> str:
         # the `failed` event says why (e.g. the GPUs a placement needs), not only the transition
-        return self.finish("failed", error=error, message=str(error.get("message", ""))[:2000])
+        message = str(error.get("message", ""))[:MAX_MESSAGE_CHARS]
+        return self.finish("failed", error=error, message=message)
 
     def finish(self, status: str, *, error=None, result=None, message=None, event=None) -> str:
         error, message, event = self.public(error), self.public(message), self.public(event)

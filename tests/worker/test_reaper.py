@@ -14,7 +14,7 @@ from models.base import utcnow
 from models.tables import Job
 from models.teams import create_team
 from tests.worker.conftest import Local
-from worker.reaper import ReaperThread, reap_and_requeue, take_stale_queued
+from worker.reaper import ReaperThread, reap_and_requeue, reaper_options, take_stale_queued
 
 
 @pytest.fixture
@@ -128,3 +128,12 @@ def test_reaper_thread_sweeps_until_stopped():
         assert calls.acquire(timeout=5)
     thread.stop()
     assert not thread.is_alive()
+
+
+def test_reaper_options_come_from_the_settings(worker_settings):
+    settings = worker_settings.model_copy(
+        update={"MAX_JOB_ATTEMPTS": 7, "STALE_QUEUED_SECONDS": 42.0}
+    )
+    assert reaper_options(settings) == {"max_attempts": 7, "stale_queued_seconds": 42.0}
+    first = reaper_options(settings, stale_queued_seconds=1e-6)  # the embedded first sweep
+    assert first == {"max_attempts": 7, "stale_queued_seconds": 1e-6}
