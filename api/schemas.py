@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.spec import variant_of
 from models.tables import FilePurpose, FileStatus, JobStatus  # noqa: F401  (JobStatus: re-exported)
 
 T = TypeVar("T")
@@ -164,11 +165,8 @@ class JobOut(RowOut):
     @classmethod
     def derived(cls, row: Any) -> dict[str, Any]:
         spec = row.spec or {}
-        variant = spec.get("data_source", "offline") + (
-            "+humanline" if spec.get("humanline") else ""
-        )
         return {
-            "variant": variant,
+            "variant": variant_of(spec),
             "training_file": spec.get("training_file"),
             "metadata": row.meta or {},
             "spec": spec,

@@ -14,6 +14,7 @@ returns it, and the trainer prints it when it starts.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -32,6 +33,12 @@ DataSource = Literal["offline", "online"]
 Schedule = Literal["constant_with_warmup", "linear", "cosine", "constant"]
 INT4_MAX = 2**31 - 1  # hard bound: step counts are stored in PostgreSQL integer columns
 VARIANTS = ("offline", "online", "offline+humanline", "online+humanline")
+
+
+def variant_of(spec: Mapping[str, Any]) -> str:
+    """A (stored, JSON) spec's variant, as JobSpec.variant names it."""
+    source = str(spec.get("data_source") or "offline")
+    return source + ("+humanline" if spec.get("humanline") else "")
 
 
 class _Strict(BaseModel):
@@ -340,7 +347,7 @@ class JobSpec(_Strict):
     # --- resolved values: the one place each default is decided -------------------------
     @property
     def variant(self) -> str:
-        return self.data_source + ("+humanline" if self.humanline else "")
+        return variant_of({"data_source": self.data_source, "humanline": self.humanline})
 
     @property
     def sync(self) -> ReferenceSync:

@@ -17,6 +17,7 @@ from contract.runs import (
     RESULT_FILE,
     checkpoint_step,
 )
+from contract.spec import variant_of
 from reports.job import build_job_report, to_epoch
 
 
@@ -69,14 +70,13 @@ def load_run_dir(
             "bytes": len(raw),
             "records": sum(1 for line in raw.splitlines() if line.strip()),
         }
-    variant = spec.get("data_source", "offline") + ("+humanline" if spec.get("humanline") else "")
     objective = spec.get("objective")
     times = [t for e in events if (t := to_epoch(e.get("time"))) is not None]
     job = {
         "id": run.name,
         "status": (result or {}).get("status", "running"),
         "objective": objective.get("name") if isinstance(objective, dict) else objective,
-        "variant": variant,
+        "variant": variant_of(spec),
         "base_model": spec.get("base_model"),
         "created_at": min(times) if times else None,
         "finished_at": max(times) if result and times else None,
