@@ -6,6 +6,7 @@ Its modules:
     deps            FastAPI dependencies: session, object store, auth (bearer keys), idempotency
     queues          the work queues (Celery, embedded in-process worker, background sender)
     owned, paging   "owned by this team or 404" and cursor pages, once each
+    admission       what a job or an evaluation must pass before its row is written
     caps            operator caps on a spec's resource fields (CAP_* settings)
     uploads         one-pass upload: multipart parse, line-by-line validation, hash, store
     bodypump        an upload's body read in the event loop, with an idle timeout

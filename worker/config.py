@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from pydantic import Field, field_validator
 
+from contract.memory import TINY_LLAMA
 from models.settings import Settings
 from worker.gpus import parse_worker_gpus, worker_gpu_ids
 
@@ -30,7 +31,7 @@ class WorkerSettings(Settings):
         "(worker.gpus).",
     )
     WORKER_CPU_MODELS: str = Field(
-        "tiny-llama",
+        TINY_LLAMA,
         description="Base models small enough for the `cpu` queue; every other job is routed "
         "to `gpu` (worker.routing.queue_for).",
     )

@@ -46,6 +46,7 @@ from contract.runs import (
     JUDGE_API_KEY_ENV,
 )
 from models import evaluations as eval_states
+from models import jobs as job_states
 from models.tables import Checkpoint, Evaluation, File, Job
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore
 from storage.keys import final_model_prefix, report_key
@@ -122,7 +123,7 @@ def _prepare(
                 ) from None
             source = {"type": "checkpoint", "path": dest.name}
         else:
-            final = ((job.result or {}).get("final_model") or {}).get("prefix")
+            final = (job_states.exported_model(job) or {}).get("prefix")
             if not final:
                 raise AttemptFailed(f"job {job.id} has no exported final model", "missing_model")
             if final != final_model_prefix(row.team_id, job.id):  # never follow a stray prefix

@@ -179,7 +179,7 @@ def sweep(
                 store.delete_temp(obj)
             else:
                 store.delete(obj.key)
-        except StorageError:
+        except (StorageError, ValueError):  # ValueError: a temp name the store refuses
             report.failed += 1
             log.warning("sweep: could not delete %s object %r", kind, obj.key, exc_info=True)
             continue

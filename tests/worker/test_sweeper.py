@@ -183,6 +183,27 @@ def test_orphans_younger_than_the_grace_period_are_kept(db_sessions, store, tmp_
     assert report.young == sum(len(keys) for keys in w.orphans.values())
 
 
+def test_a_temp_object_the_store_refuses_to_delete_does_not_stop_the_sweep(
+    db_sessions, store, tmp_path, monkeypatch
+):
+    """A name under .tmp/ that is not ours (the store refuses it: ValueError) is counted as
+    failed; every other orphan is still removed."""
+    w = populate(db_sessions, store, tmp_path)
+    refused = sorted(w.orphans["temp"])[0]
+    real = store.delete_temp
+
+    def delete_temp(obj):
+        if obj.key.endswith(refused):
+            raise ValueError(f"not a temporary object name: {refused!r}")
+        return real(obj)
+
+    monkeypatch.setattr(store, "delete_temp", delete_temp)
+    report = sweep(db_sessions, store, grace_seconds=60, now=time.time() + 120)
+    assert report.failed == 1
+    assert set(physical(store)) == w.keep | {k for k in physical(store) if k.endswith(refused)}
+    assert report.removed["job"].objects == len(w.orphans["job"])
+
+
 def test_kind_of_follows_the_key_layout():
     assert kind_of("team-1/files/file-1.jsonl") == "file"
     assert kind_of("team-1/uploads/file-1.jsonl") == "file"
