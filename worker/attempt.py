@@ -126,6 +126,22 @@ def stderr_tail(path: Path, limit: int, server: Server) -> tuple[str, str]:
     return tail, lines[-1] if lines else ""
 
 
+def crash_error(
+    child: str, type: str, path: Path, rc: int, limit: int, server: Server | None = None
+) -> dict[str, Any]:
+    """The error of a child (`child`: "the trainer") that exited with `rc` without writing
+    its own: the exit code (or signal) and the last line of its stderr as the message, the
+    scrubbed tail of `path` as details (`server`: by default this machine seen from the
+    attempt's directory, where the stderr log is)."""
+    tail, last = stderr_tail(path, limit, server or this_server(path.parent))
+    if rc < 0:
+        message = f"{child} was killed by signal {-rc}"
+    else:
+        message = f"{child} exited with code {rc}" + (f": {last}" if last else "")
+    message = message[:MAX_MESSAGE_CHARS]
+    return {"type": type, "message": message, "exit_code": rc, "stderr_tail": tail}
+
+
 # --- the lease ---------------------------------------------------------------------------------
 
 

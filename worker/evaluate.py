@@ -57,7 +57,7 @@ from worker.attempt import (
     Launch,
     LeasedAttempt,
     claim_and_run,
-    stderr_tail,
+    crash_error,
 )
 from worker.config import WorkerSettings
 from worker.routing import Placement, trainer_env
@@ -286,16 +286,11 @@ class EvaluationAttempt(LeasedAttempt):
                 str(err.get("type", EVAL_EXIT_TYPES.get(rc, EVAL_ERROR_TYPE))),
                 exit_code=rc,
             )
-        except (OSError, ValueError):
-            limit = self.settings.STDERR_TAIL_BYTES
-            tail, last = stderr_tail(self.dir / STDERR_LOG, limit, self.server())
-            what = f"killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-            return AttemptFailed(
-                f"the evaluation process {what}: {last}"[:MAX_MESSAGE_CHARS],
-                EVAL_ERROR_TYPE,
-                exit_code=rc,
-                stderr_tail=tail,
-            )
+        except (OSError, ValueError):  # no error.json: it crashed
+            return AttemptFailed(**crash_error(
+                "the evaluation process", EVAL_ERROR_TYPE,
+                self.dir / STDERR_LOG, rc, self.settings.STDERR_TAIL_BYTES, self.server(),
+            ))  # fmt: skip
 
     def fail(self, error: dict[str, Any]) -> str:
         return self.finish("failed", error=error)

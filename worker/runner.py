@@ -60,37 +60,19 @@ from worker.attempt import (
     Launch,
     LeasedAttempt,
     claim_and_run,
+    crash_error,
     kill_group,
-    stderr_tail,
 )
 from worker.config import WorkerSettings
 from worker.gpus import place_attempt
 from worker.job_evaluations import create_job_evaluations
 from worker.progress import UPLOAD_ATTEMPTS, RunProgress
 from worker.routing import Placement, PlacementError, queue_for, trainer_command, trainer_env
-from worker.scrub import Server, this_server
 
 log = logging.getLogger("humanline.worker")
 
 CLAIM_TRIES = 8  # a claim that keeps meeting other workers' team locks, then gives up
 JobFailed = AttemptFailed  # a failure of the job itself: bad data, bad spec, a trainer crash
-
-
-def stderr_error(path: Path, rc: int, limit: int, server: Server | None = None) -> dict[str, Any]:
-    """job.error for a trainer that exited with `rc`: the exception line as the message and
-    the last lines of stderr as details, scrubbed (`server`: by default this machine seen
-    from the attempt's directory, where stderr.log is)."""
-    tail, last = stderr_tail(path, limit, server or this_server(path.parent))
-    if rc < 0:
-        message = f"the trainer was killed by signal {-rc}"
-    else:
-        message = f"the trainer exited with code {rc}" + (f": {last}" if last else "")
-    return {
-        "type": "trainer_error",
-        "message": message[:MAX_MESSAGE_CHARS],
-        "exit_code": rc,
-        "stderr_tail": tail,
-    }
 
 
 class Attempt(LeasedAttempt):
@@ -274,9 +256,10 @@ class Attempt(LeasedAttempt):
             return self.finish("succeeded", result=base)
         if self.stop_reason is not None and (rc == EXIT_STOPPED or self.killed):
             return self.stopped(self.stop_reason, base)
-        error = stderr_error(
-            self.dir / STDERR_LOG, rc, self.settings.STDERR_TAIL_BYTES, self.server()
-        )
+        error = crash_error(
+            "the trainer", "trainer_error",
+            self.dir / STDERR_LOG, rc, self.settings.STDERR_TAIL_BYTES, self.server(),
+        )  # fmt: skip
         if rc == EXIT_INVALID_SPEC:
             error["type"] = "invalid_spec"
         elif rc == EXIT_STOPPED:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from models.tables import Evaluation
 from tests.fixtures.rows import add_file
-from worker.attempt import MAX_MESSAGE_CHARS
+from worker.attempt import MAX_MESSAGE_CHARS, crash_error
 from worker.evaluate import _prepare, run_evaluation
-from worker.runner import stderr_error
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = {
@@ -74,6 +73,6 @@ def test_the_judge_url_is_the_one_the_api_admitted(local, tmp_path):
 def test_a_trainer_error_message_keeps_up_to_max_message_chars(tmp_path):
     path = tmp_path / "stderr.log"
     path.write_text("Traceback (most recent call last):\nValueError: " + "x" * 5000 + "\n")
-    message = stderr_error(path, 1, 8000)["message"]
+    message = crash_error("the trainer", "trainer_error", path, 1, 8000)["message"]
     assert message.startswith("the trainer exited with code 1: ValueError: xxx")
     assert 1000 < len(message) <= MAX_MESSAGE_CHARS  # the exception line as the tail keeps it

@@ -14,8 +14,9 @@ from models.base import utcnow
 from models.tables import Job
 from storage import StorageUnavailableError
 from tests.worker.conftest import checkpoint_steps, metric_steps, trainer_pids, wait_for
+from worker.attempt import crash_error
 from worker.reaper import reap_and_requeue
-from worker.runner import Runner, stderr_error
+from worker.runner import Runner
 
 
 def _runner(local) -> Runner:
@@ -164,17 +165,17 @@ def test_missing_training_file_fails_without_starting_the_trainer(local):
     assert job.lease_owner is None and job.finished_at is not None
 
 
-def test_stderr_error_takes_the_last_line():
-    import tempfile
-    from pathlib import Path
+def test_a_crash_error_takes_the_last_line(tmp_path):
+    path = tmp_path / "stderr.log"
+    path.write_text("Loading: 10%\rLoading: 100%\nTraceback ...\nValueError: boom\n\n")
 
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "stderr.log"
-        path.write_text("Loading: 10%\rLoading: 100%\nTraceback ...\nValueError: boom\n\n")
-        error = stderr_error(path, 1, 4000)
-        assert error["message"] == "the trainer exited with code 1: ValueError: boom"
-        assert stderr_error(path, -9, 4000)["message"] == "the trainer was killed by signal 9"
-        assert stderr_error(Path(d) / "nope", 1, 100)["stderr_tail"] == ""
+    def error(rc, where=path, limit=4000):
+        return crash_error("the trainer", "trainer_error", where, rc, limit)
+
+    assert error(1)["message"] == "the trainer exited with code 1: ValueError: boom"
+    assert error(1)["type"] == "trainer_error" and error(1)["exit_code"] == 1
+    assert error(-9)["message"] == "the trainer was killed by signal 9"
+    assert error(1, tmp_path / "nope", 100)["stderr_tail"] == ""
 
 
 def test_a_job_asking_for_more_gpus_than_it_can_place_fails(local):
