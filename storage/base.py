@@ -171,11 +171,23 @@ class StoreBase:
         """The temporary objects of writes in flight, or of writers that died."""
         raise NotImplementedError
 
-    def delete_temp(self, obj: ObjectInfo) -> None:  # pragma: no cover - abstract
-        """Remove one temporary object of `scan_temp` (gone already is fine)."""
+    def _delete_temp_file(self, name: str) -> None:  # pragma: no cover - abstract
+        """Remove the temporary object `.tmp/NAME` (gone already is fine)."""
+        raise NotImplementedError
+
+    def _abort_upload(self, obj: ObjectInfo) -> None:  # pragma: no cover - S3 only
+        """Abort the unfinished multipart upload `obj` (gone already is fine)."""
         raise NotImplementedError
 
     # --- shared ------------------------------------------------------------------------------
+    def delete_temp(self, obj: ObjectInfo) -> None:
+        """Remove one temporary object of `scan_temp`: an unfinished upload (S3's multipart),
+        or `.tmp/NAME`, whose NAME is checked here for every store (temp_name)."""
+        if obj.upload_id is not None:
+            self._abort_upload(obj)
+        else:
+            self._delete_temp_file(temp_name(obj.key))
+
     def purge_temp(self, older_than_s: float, *, now: float | None = None) -> list[ObjectInfo]:
         """Delete the temporary objects last written more than `older_than_s` seconds ago and
         return them: those of crashed writers. A write in progress renews its temporary

@@ -15,14 +15,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from storage.base import (
-    ObjectInfo,
-    ObjectNotFound,
-    StorageError,
-    StoreBase,
-    atomic_local_file,
-    temp_name,
-)
+from storage.base import ObjectInfo, ObjectNotFound, StorageError, StoreBase, atomic_local_file
 from storage.keys import check_key
 
 _COPY_BUFFER = 1 << 20
@@ -191,9 +184,8 @@ class LocalStore(StoreBase):
         found = (self._info(f"{self.TMP_DIR}/{p.name}", p) for p in sorted(tmp.iterdir()))
         return [info for info in found if info is not None]
 
-    def delete_temp(self, obj: ObjectInfo) -> None:
-        """Remove a file of `scan_temp` (key ".tmp/NAME"; nothing else is accepted)."""
-        (self._tmp / temp_name(obj.key)).unlink(missing_ok=True)
+    def _delete_temp_file(self, name: str) -> None:
+        (self._tmp / name).unlink(missing_ok=True)
 
     @staticmethod
     def _info(key: str, path: Path) -> ObjectInfo | None:

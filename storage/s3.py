@@ -37,14 +37,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from storage.base import (
-    ObjectInfo,
-    ObjectNotFound,
-    StorageError,
-    StoreBase,
-    atomic_local_file,
-    temp_name,
-)
+from storage.base import ObjectInfo, ObjectNotFound, StorageError, StoreBase, atomic_local_file
 from storage.keys import check_key
 from storage.s3_client import (
     BOTO_ERRORS,
@@ -465,23 +458,21 @@ class S3Store(StoreBase):
             obj["Key"][len(self.prefix) :], int(obj["Size"]), obj["LastModified"].timestamp()
         )
 
-    def delete_temp(self, obj: ObjectInfo) -> None:
-        """Abort an unfinished multipart upload, or delete a temporary object of `.tmp/`."""
-        full_key = self.prefix + obj.key
-        if obj.upload_id is not None:
-            uid = obj.upload_id
-            try:
-                self._call(
-                    "abort_multipart_upload",
-                    obj.key,
-                    lambda: self._client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=full_key, UploadId=uid
-                    ),
-                )
-            except StorageError as exc:
-                code, _ = client_error_code(root_cause(exc.__cause__ or exc))
-                if code != "NoSuchUpload" and not isinstance(exc, ObjectNotFound):
-                    raise  # (an upload finished or aborted meanwhile is fine)
-            return
-        temp_name(obj.key)  # the same names as LocalStore's, refused the same way
-        self._delete_raw(full_key, obj.key)
+    def _abort_upload(self, obj: ObjectInfo) -> None:
+        uid = obj.upload_id
+        try:
+            self._call(
+                "abort_multipart_upload",
+                obj.key,
+                lambda: self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=self.prefix + obj.key, UploadId=uid
+                ),
+            )
+        except StorageError as exc:
+            code, _ = client_error_code(root_cause(exc.__cause__ or exc))
+            if code != "NoSuchUpload" and not isinstance(exc, ObjectNotFound):
+                raise  # (an upload finished or aborted meanwhile is fine)
+
+    def _delete_temp_file(self, name: str) -> None:
+        key = f"{self.TMP_DIR}/{name}"
+        self._delete_raw(self.prefix + key, key)
