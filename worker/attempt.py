@@ -278,6 +278,11 @@ class LeasedAttempt:
         """What identifies this machine in the attempt's words (worker.scrub)."""
         return this_server(self.dir, pids=[self.proc.pid if self.proc else None])
 
+    def crash(self, rc: int, child: str, type: str) -> dict[str, Any]:
+        """crash_error for this attempt's child, from its stderr log here."""
+        path, limit = self.dir / STDERR_LOG, self.settings.STDERR_TAIL_BYTES
+        return crash_error(child, type, path, rc, limit, self.server())
+
     def public(self, value: Any) -> Any:
         """`value` (an error, a message, an event's data) as a team may read it: without
         this machine's paths, host name or pids. Every team-visible write passes here."""

@@ -50,15 +50,7 @@ from models import jobs as job_states
 from models.tables import Checkpoint, Evaluation, File, Job
 from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore
 from storage.keys import final_model_prefix, report_key
-from worker.attempt import (
-    MAX_MESSAGE_CHARS,
-    STDERR_LOG,
-    AttemptFailed,
-    Launch,
-    LeasedAttempt,
-    claim_and_run,
-    crash_error,
-)
+from worker.attempt import MAX_MESSAGE_CHARS, AttemptFailed, Launch, LeasedAttempt, claim_and_run
 from worker.config import WorkerSettings
 from worker.routing import Placement, trainer_env
 
@@ -287,10 +279,7 @@ class EvaluationAttempt(LeasedAttempt):
                 exit_code=rc,
             )
         except (OSError, ValueError):  # no error.json: it crashed
-            return AttemptFailed(**crash_error(
-                "the evaluation process", EVAL_ERROR_TYPE,
-                self.dir / STDERR_LOG, rc, self.settings.STDERR_TAIL_BYTES, self.server(),
-            ))  # fmt: skip
+            return AttemptFailed(**self.crash(rc, "the evaluation process", EVAL_ERROR_TYPE))
 
     def fail(self, error: dict[str, Any]) -> str:
         return self.finish("failed", error=error)

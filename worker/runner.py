@@ -55,12 +55,10 @@ from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore
 from storage.keys import final_model_prefix
 from worker.attempt import (
     MAX_MESSAGE_CHARS,
-    STDERR_LOG,
     AttemptFailed,
     Launch,
     LeasedAttempt,
     claim_and_run,
-    crash_error,
     kill_group,
 )
 from worker.config import WorkerSettings
@@ -256,10 +254,7 @@ class Attempt(LeasedAttempt):
             return self.finish("succeeded", result=base)
         if self.stop_reason is not None and (rc == EXIT_STOPPED or self.killed):
             return self.stopped(self.stop_reason, base)
-        error = crash_error(
-            "the trainer", "trainer_error",
-            self.dir / STDERR_LOG, rc, self.settings.STDERR_TAIL_BYTES, self.server(),
-        )  # fmt: skip
+        error = self.crash(rc, "the trainer", "trainer_error")
         if rc == EXIT_INVALID_SPEC:
             error["type"] = "invalid_spec"
         elif rc == EXIT_STOPPED:
