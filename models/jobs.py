@@ -234,6 +234,14 @@ def exported_model(job: Job) -> dict[str, Any] | None:
     return final if isinstance(final, dict) and final else None
 
 
+def exported_models(session: Session, team_id: str, limit: int = 1000) -> list[Job]:
+    """The team's jobs that exported a model (exported_model), newest first; at most `limit`
+    succeeded jobs are looked at."""
+    succeeded = select(Job).where(Job.team_id == team_id, Job.status == "succeeded")
+    jobs = session.scalars(succeeded.order_by(Job.id.desc()).limit(limit))
+    return [job for job in jobs if exported_model(job) is not None]
+
+
 def request_cancel(session: Session, job_id: str) -> str | None:
     """Cancel for the API: a job that has not started is cancelled at once, a running one
     becomes `cancelling` (its worker stops at the next step boundary and saves a checkpoint).

@@ -26,7 +26,7 @@ from api.queues import QueueDep, enqueue_after_commit
 from api.routes.jobs import cancel_with
 from api.schemas import error_responses, unix_seconds
 from contract.spec import JobSpec
-from models.jobs import exported_model
+from models.jobs import exported_model, exported_models
 from models.tables import Checkpoint, File, Job, JobEvent, JobMetric
 
 router = APIRouter(tags=["openai"])
@@ -157,17 +157,6 @@ def list_fine_tuning_checkpoints(
     return _page(rows, limit, lambda r: oa.checkpoint_object(job, r, metrics.get(r.step) or {}))
 
 
-def _team_models(session, team_id: str) -> list[Job]:
-    """The team's jobs that exported a model (a succeeded job need not have one)."""
-    jobs = session.execute(
-        select(Job)
-        .where(Job.team_id == team_id, Job.status == "succeeded")
-        .order_by(Job.id.desc())
-        .limit(1000)
-    ).scalars()
-    return [j for j in jobs if exported_model(j) is not None]
-
-
 @router.get("/models", responses=_ERRORS)
 def list_models(team: CurrentTeam, session: SessionDep, settings: SettingsDep):
     """The base models this server trains and the team's fine-tuned ones (`ft:` ids)."""
@@ -178,7 +167,7 @@ def list_models(team: CurrentTeam, session: SessionDep, settings: SettingsDep):
         oa.model_object(
             oa.fine_tuned_model(j), unix_seconds(j.finished_at or j.created_at), team.id
         )
-        for j in _team_models(session, team.id)
+        for j in exported_models(session, team.id)
     ]
     return {"object": "list", "data": data}
 
