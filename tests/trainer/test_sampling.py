@@ -14,6 +14,7 @@ from trainer.modeling import load_policy, load_tokenizer, resolve_model, trainab
 from trainer.sampling import SamplingParams, make_sampler, vllm_engine
 from trainer.sampling.hf_engine import HFSampler
 from trainer.sampling.types import render_prompt_ids
+from trainer.seeds import derive_seed
 
 PROMPTS = [
     "What is 2 + 3?",
@@ -310,11 +311,11 @@ def test_vllm_sampling_kwargs_per_prompt():
         "temperature": 0.7,
         "top_p": 0.95,
         "max_tokens": 64,
-        "seed": 3_000_009,
+        "seed": 1_714_948_196,  # blake2b("3:prompt:0"), 31 bits (trainer.seeds)
         "stop_token_ids": [2],
         "skip_special_tokens": True,
     }
-    assert b["seed"] == a["seed"] + 1  # one stream per prompt
+    assert b["seed"] == 1_043_502_703  # blake2b("3:prompt:1"): one stream per prompt
     greedy = vllm_sampling_kwargs(SamplingParams(n=8, temperature=0.0), 0, [2])
     assert (greedy["n"], greedy["temperature"], greedy["top_p"]) == (1, 0.0, 1.0)
 
@@ -354,10 +355,12 @@ def test_auto_picks_vllm_and_pushes_the_policy(fake_vllm, model_dir, tokenizer, 
     assert [x["prompt_token_ids"] for x in inputs] == [
         render_prompt_ids(tokenizer, p) for p in PROMPTS
     ]
-    assert [(s.n, s.max_tokens, s.seed) for s in sp] == [(2, 7, 1_000_003 + i) for i in range(3)]
+    seeds = [derive_seed(1, "prompt", i) for i in range(3)]  # each prompt its own stream
+    assert len(set(seeds)) == 3
+    assert [(s.n, s.max_tokens, s.seed) for s in sp] == [(2, 7, seed) for seed in seeds]
     assert lora is None
     assert [[(c.prompt_index, c.text, c.finish_reason) for c in g] for g in out] == [
-        [(i, f"s{1_000_003 + i}-0", "stop"), (i, f"s{1_000_003 + i}-1", "stop")] for i in range(3)
+        [(i, f"s{seed}-0", "stop"), (i, f"s{seed}-1", "stop")] for i, seed in enumerate(seeds)
     ]
     assert out[0][0].token_ids == [10, tokenizer.eos_token_id]
 

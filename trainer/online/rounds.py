@@ -202,7 +202,7 @@ class OnlineData:
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             max_new_tokens=cfg.max_new_tokens,
-            seed=seed + acc.process_index,
+            seed=derive_seed(seed, "rank", acc.process_index),
         )
         t0 = time.perf_counter()
         with torch.no_grad():

@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from trainer.seeds import derive_seed
+
 Messages = list[dict[str, str]]
 Prompt = str | Messages
-
-# A per-prompt seed is ``seed * _SEED_STRIDE + prompt_index``: distinct prompts get distinct,
-# reproducible random streams, and neighbouring base seeds never collide for < 1e6 prompts.
-_SEED_STRIDE = 1_000_003
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,8 @@ class SamplingParams:
         return 1 if self.greedy else self.n
 
     def prompt_seed(self, prompt_index: int) -> int:
-        return self.seed * _SEED_STRIDE + prompt_index
+        """Prompt `prompt_index`'s own reproducible stream (trainer.seeds: never shared)."""
+        return derive_seed(self.seed, "prompt", prompt_index)
 
 
 @dataclass(frozen=True)
