@@ -157,8 +157,6 @@ class ModelShape:
         return r * per_layer * self.num_layers
 
 
-# The built-in models' shapes (trainer.modeling.sources builds them; a test checks these
-# against the config.json each build writes), so the API needs no model on its disk.
 # The built-in models' names: the job spec's base_model, and SmolLM2's public (Hugging Face
 # hub) name, which an exported model names as its base and base_model may use as an alias.
 SMOLLM2, SMOLLM2_PUBLIC, TINY_LLAMA = (
@@ -166,6 +164,8 @@ SMOLLM2, SMOLLM2_PUBLIC, TINY_LLAMA = (
     "HuggingFaceTB/SmolLM2-135M-Instruct",
     "tiny-llama",
 )
+# The built-in models' shapes (trainer.modeling.sources builds them; a test checks these
+# against the config.json each build writes), so the API needs no model on its disk.
 BUILTIN_SHAPES: dict[str, ModelShape] = {
     SMOLLM2: ModelShape(49152, 576, 1536, 30, 9, 3, 64, True),
     TINY_LLAMA: ModelShape(512, 64, 128, 2, 4, 2, 16, True),
