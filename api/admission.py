@@ -99,13 +99,13 @@ def _fit_batch(
             f"step but file {file_id} has {examples}: lower batch_size (in {unit}) or add data",
             field="batch_size",
         )
-    unit_step = group * resolved.grad_accum  # a batch must split into whole groups per micro-step
+    unit_step = group * (resolved.grad_accum or 1)  # a batch must split into whole groups per micro-step
     fitted = (examples * group) // unit_step * unit_step
     if fitted < 1:
         raise api_error(
             422,
             f"file {file_id} has {examples} training examples: too few for grad_accum "
-            f"{resolved.grad_accum}",
+            f"{resolved.grad_accum or 1}",
             field="training_file",
         )
     body = resolved.model_dump(mode="json") | {"batch_size": fitted}

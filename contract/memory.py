@@ -230,13 +230,14 @@ def estimate_training_memory(
     else:
         weights = n_params * 4 + (n_params * b if b < 4 else 0)  # autocast's weight copies
     optimizer = trainable * (4 + 8)
-    micro_examples = max(1, spec.examples_per_batch // spec.grad_accum)
+    accum = spec.grad_accum or 1
+    micro_examples = max(1, spec.examples_per_batch // accum)
     seqs_per_example = {"dpo": 2, "kto": 1, "grpo": spec.group_size}[spec.objective.name]
     rows = micro_examples * seqs_per_example  # rows scored with a graph
     aux = micro_examples if spec.objective.name == "kto" else 0  # mismatched pairs, no_grad
     if spec.sync_policy.moves:  # k micro-batches of fp32 log-probs per sync (Lookahead)
         k = spec.humanline_params.sync_every if spec.sync_policy.periodic else 1
-        reference = k * spec.grad_accum * (rows + aux) * length * 4
+        reference = k * accum * (rows + aux) * length * 4
     else:
         reference = 0 if lora else n_params * 4  # adapter off, or a frozen fp32 copy
     data = int(training_file_bytes * DATA_BYTES_PER_FILE_BYTE)

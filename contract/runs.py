@@ -16,7 +16,8 @@ trainer knows nothing of the service. Everything they share is named here, once.
                                  and exit with EXIT_STOPPED
 
 Exit codes: EXIT_OK (0) trained to the end; EXIT_INVALID_SPEC (2) the spec or its data is
-invalid (not worth retrying); EXIT_STOPPED (3) stopped at a STOP request; anything else a crash.
+invalid (not worth retrying); EXIT_STOPPED (3) stopped at a STOP request; EXIT_OUT_OF_MEMORY (4) a multi-process run ran out
+of memory (retry with the micro-batch its MICRO_BATCH_FILE names); anything else a crash.
 
 An evaluation (`python -m trainer.evaluation run --config C --out DIR`) writes
 progress.json as it goes, then result.json and report.html, or error.json ({"type",
@@ -41,6 +42,10 @@ FINAL_DIR = "final"
 CHECKPOINT_DIR_RE = re.compile(r"step-(0|[1-9][0-9]*)")
 
 EXIT_OK, EXIT_INVALID_SPEC, EXIT_STOPPED = 0, 2, 3
+# Out of memory with several processes: retry from the last checkpoint with half the
+# micro-batch (the trainer wrote MICRO_BATCH_FILE; one process halves in place instead).
+EXIT_OUT_OF_MEMORY = 4
+MICRO_BATCH_FILE = "micro_batch.json"
 
 # Trainer event kinds the worker copies into the job's events as they are. Any other kind is
 # recorded as `log` (its own kind in data.trainer_kind), except the trainer's `checkpoint`

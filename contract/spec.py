@@ -31,6 +31,10 @@ from contract.vllm import VLLMConfig
 ObjectiveName = Literal["dpo", "kto", "grpo"]
 DataSource = Literal["offline", "online"]
 Schedule = Literal["constant_with_warmup", "linear", "cosine", "constant"]
+ActivationCheckpointing = Literal["off", "on", "auto"]
+CompileMode = Literal["off", "on", "auto"]
+# `compile: auto` per device type: on only where the GPU proof measured it faster (none yet).
+COMPILE_BY_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False}
 INT4_MAX = 2**31 - 1  # hard bound: step counts are stored in PostgreSQL integer columns
 VARIANTS = ("offline", "online", "offline+humanline", "online+humanline")
 
@@ -253,7 +257,14 @@ class JobSpec(_Strict):
         description="Global batch in the paper's units: DPO pairs, KTO examples, GRPO sequences "
         "(a group of G counts G; a multiple of the group size).",
     )
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int | None = Field(
+        None,
+        ge=1,
+        le=INT4_MAX,
+        description="Micro-steps per optimizer step. Unset (the default): the trainer picks "
+        "the largest micro-batch that fits the memory it has (contract.memory.choose_micro_batch) "
+        "and halves it on an out-of-memory error; set: used as given.",
+    )
     max_steps: int | None = Field(None, ge=1, le=INT4_MAX)
     epochs: int = Field(1, ge=1, le=INT4_MAX)
     max_prompt_length: int = Field(512, ge=1)
@@ -278,6 +289,17 @@ class JobSpec(_Strict):
     log_every: int = Field(1, ge=1, le=INT4_MAX)
     quality_sample: int = Field(256, ge=0, description="Examples scored for the data signal.")
     metadata: dict[str, str] = Field(default_factory=dict)
+    activation_checkpointing: ActivationCheckpointing = Field(
+        "auto",
+        description="Recompute each decoder layer's activations in backward: 'on', 'off', or "
+        "'auto' (on when it lets a larger micro-batch fit).",
+    )
+    compile: CompileMode = Field(
+        "auto",
+        description="torch.compile each decoder layer (regional): 'on', 'off', or 'auto' (on "
+        "where it measured faster: contract.spec.COMPILE_BY_DEFAULT); a compile failure falls "
+        "back to eager with a warning.",
+    )
     parallelism: Parallelism = Field(
         default_factory=ParallelConfig, description="ddp or fsdp (contract.parallel)."
     )
@@ -335,7 +357,7 @@ class JobSpec(_Strict):
                 f"size {self.group_size}; got {self.global_batch_size}",
                 self.global_batch_size,
             )
-        if self.examples_per_batch % self.grad_accum:
+        if self.grad_accum is not None and self.examples_per_batch % self.grad_accum:
             _field_error(
                 "batch_size",
                 f"batch_size must be divisible by grad_accum: {self.examples_per_batch} "
@@ -447,6 +469,9 @@ class JobSpec(_Strict):
             "warmup_ratio": self.optim.warmup_ratio,
             "reference_sync": self.sync,
             "sync_every": self.humanline_params.sync_every,
+            "grad_accum": self.grad_accum,
+            "activation_checkpointing": self.activation_checkpointing,
+            "compile": self.compile,
         }
 
 
