@@ -469,9 +469,6 @@ class JobSpec(_Strict):
             "warmup_ratio": self.optim.warmup_ratio,
             "reference_sync": self.sync,
             "sync_every": self.humanline_params.sync_every,
-            "grad_accum": self.grad_accum,
-            "activation_checkpointing": self.activation_checkpointing,
-            "compile": self.compile,
         }
 
 
