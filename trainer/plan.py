@@ -64,7 +64,10 @@ class BatchPlan:
 
     def micro(self, step: int, micro: int) -> MicroBatch:
         batch = self.global_indices(step)
-        start = (micro * self.world + self.rank) * self.micro_size
+        # A rank's share of the batch is one contiguous block whatever grad_accum is, split
+        # into its micro-batches: halving the micro-batch (after an out-of-memory error) only
+        # splits each micro-batch in two, and every rank keeps the examples it had.
+        start = (self.rank * self.grad_accum + micro) * self.micro_size
         positions = range(start, start + self.micro_size)
         return MicroBatch(
             indices=tuple(batch[p] for p in positions),

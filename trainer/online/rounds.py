@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,15 @@ class OfflineData:
 
     def __init__(self, examples: Sequence, plan: BatchPlan, store: TokenStore | None = None):
         self.examples, self.plan, self.store = examples, plan, store
+
+    @property
+    def accum(self) -> int:
+        return self.plan.grad_accum
+
+    def set_accum(self, accum: int) -> None:
+        """Split every step's batch into `accum` micro-batches from now on (the trainer's
+        micro-batch choice, or its halving after an out-of-memory error)."""
+        self.plan = replace(self.plan, grad_accum=accum)
 
     def needs_round(self, step: int) -> bool:
         return False
@@ -105,6 +114,13 @@ class OnlineData:
         self.cursor = 0  # prompts consumed so far (over seeded epochs of the prompt file)
         self.round: Round | None = None
         self.plan: BatchPlan | None = None
+        self.accum = spec.grad_accum or 1  # micro-batches per step (set_accum)
+
+    def set_accum(self, accum: int) -> None:
+        """Split every step's batch into `accum` micro-batches from now on."""
+        self.accum = accum
+        if self.plan is not None:
+            self.plan = replace(self.plan, grad_accum=accum)
 
     # ---- the loop's questions --------------------------------------------------------------
     def needs_round(self, step: int) -> bool:
@@ -236,7 +252,7 @@ class OnlineData:
         self.plan = BatchPlan(
             len(r.examples),
             self.spec.examples_per_batch,
-            self.spec.grad_accum,
+            self.accum,
             acc.num_processes,
             acc.process_index,
             derive_seed(self.spec.seed, "round", r.index),
