@@ -431,6 +431,12 @@ class JobSpec(_Strict):
         """Optimizer steps: `max_steps`, else whole batches per epoch × epochs."""
         return self.max_steps or max(1, n_examples // self.examples_per_batch) * self.epochs
 
+    def compiles_on(self, device_type: str) -> bool:
+        """Whether the decoder layers are compiled on this device type (`compile`)."""
+        if self.compile == "auto":
+            return COMPILE_BY_DEFAULT.get(device_type, False)
+        return self.compile == "on"
+
     @property
     def grpo_epsilon(self) -> float:
         """ε: 0.5 only when the reference never moves (plain offline GRPO), else 0.15 (Table

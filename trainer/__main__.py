@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from contract.runs import EXIT_INVALID_SPEC, EXIT_OK, EXIT_STOPPED
+from contract.runs import EXIT_INVALID_SPEC, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_STOPPED
 
 # Plain tracebacks: the worker reports the last stderr line as the job's error message.
 app = typer.Typer(
@@ -39,9 +39,14 @@ def run(
     except ValidationError as exc:
         typer.echo(f"invalid spec {spec_path}:\n{exc}", err=True)
         raise typer.Exit(EXIT_INVALID_SPEC) from None
+    from trainer.memory import OutOfMemoryRetry
     from trainer.train import train  # torch: only once the spec is known to be valid
 
-    result = train(spec, out, resume=resume, progress=progress)
+    try:
+        result = train(spec, out, resume=resume, progress=progress)
+    except OutOfMemoryRetry as exc:  # several processes: the next attempt splits the batch finer
+        typer.echo(f"out of memory: {exc}", err=True)
+        raise typer.Exit(EXIT_OUT_OF_MEMORY) from None
     typer.echo(json.dumps(result.as_dict()))
     raise typer.Exit(EXIT_OK if result.status == "succeeded" else EXIT_STOPPED)
 

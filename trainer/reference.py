@@ -23,8 +23,8 @@ from typing import ClassVar, Protocol
 import torch
 
 from contract.sync import SyncPolicy
-from trainer.logps import batch_logps
-from trainer.tokenize import TokenBatch
+from trainer.logps import batch_logps, token_logps
+from trainer.tokenize import TokenBatch, TokenSeq
 
 BatchFn = Callable[[int, int], TokenBatch]  # (step, micro) -> this rank's micro-batch
 
@@ -107,40 +107,105 @@ class AdapterOff(_Fixed):
 
 
 class Lookahead:
+    """The reference of the next steps, scored ahead (see the module docstring).
+
+    Log-probs are kept per row (its TokenSeq), not per micro-batch: any split of a step's batch
+    reads them back, so the micro-batch may change between the refresh and the step (halved
+    after an out-of-memory error, or chosen anew by a resumed attempt). The steps ahead are
+    scored in groups of up to `max_rows()` rows (several micro-batches per forward: fewer,
+    larger no-grad forwards); the number of groups depends only on row counts, which are equal
+    on every rank, so the forwards stay collective under FSDP.
+    """
+
     def __init__(
-        self, model: torch.nn.Module, batch_fn: BatchFn, accum: int, temperature: float = 1.0
+        self,
+        model: torch.nn.Module,
+        batch_fn: BatchFn,
+        micro_count: Callable[[], int],
+        collate_fn: Callable[[list[TokenSeq]], TokenBatch],
+        max_rows: Callable[[], int],
+        temperature: float = 1.0,
     ):
-        self.model, self.batch_fn, self.accum = model, batch_fn, accum
+        self.model, self.batch_fn, self.micro_count = model, batch_fn, micro_count
+        self.collate_fn, self.max_rows = collate_fn, max_rows
         self.temperature = temperature
         self.noisy = _noisy(model)
-        self.cache: dict[tuple[int, int], torch.Tensor] = {}
+        self.cache: dict[int, dict[TokenSeq, torch.Tensor]] = {}  # step -> row -> log-probs
 
     def refresh(self, step: int, until: int) -> None:
         """Make the current weights the reference of steps step+1 .. until (the trainer knows
-        where the next sync point or the end of the data segment lies)."""
-        self.cache.clear()  # any leftover belongs to the previous reference
+        where the next sync point or the end of the data segment lies).
+
+        The new cache replaces the old one only once it is complete, and keeps the steps up to
+        `step`: a step redone after an out-of-memory error still finds its reference."""
+        ahead = [
+            (s, row)
+            for s in range(step + 1, until + 1)
+            for m in range(self.micro_count())
+            for row in self.batch_fn(s, m).all_rows()
+        ]
+        cache: dict[int, dict[TokenSeq, torch.Tensor]] = {
+            s: rows for s, rows in self.cache.items() if s <= step
+        }
+        size = max(1, self.max_rows())
         with _scoring(self.noisy):
-            for s in range(step + 1, until + 1):
-                for m in range(self.accum):
-                    self.cache[(s, m)] = batch_logps(
-                        self.model, self.batch_fn(s, m), self.temperature
-                    )
+            for i in range(0, len(ahead), size):
+                group = ahead[i : i + size]
+                batch = self.collate_fn([row for _, row in group])
+                lp = token_logps(self.model, batch, self.temperature)
+                for (s, row), values in zip(group, _split_rows(lp, batch.mask), strict=True):
+                    cache.setdefault(s, {})[row] = values
+        self.cache = cache
 
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
+        """[N + M, W] reference log-probs of `batch`'s rows and aux rows (batch_logps' layout)."""
+        for old in [s for s in self.cache if s < step]:
+            del self.cache[old]  # steps that have run
+        rows = self.cache.get(step, {})
         try:
-            return self.cache.pop((step, micro))
+            values = [rows[row] for row in batch.all_rows()]
         except KeyError:
             raise RuntimeError(f"no reference log-probs for step {step} micro {micro}") from None
+        mask = batch.row_mask()
+        out = torch.zeros(mask.shape, dtype=values[0].dtype, device=values[0].device)
+        out[mask > 0] = torch.cat(values).to(out.device)
+        return out
 
     def state_dict(self) -> dict:
-        return {"cache": {f"{s}:{m}": t.cpu() for (s, m), t in self.cache.items()}}
+        return {
+            "rows": [
+                {
+                    "step": s,
+                    "prompt": torch.tensor(row.prompt_ids, dtype=torch.long),
+                    "completion": torch.tensor(row.completion_ids, dtype=torch.long),
+                    "logps": values.cpu(),
+                }
+                for s, rows in self.cache.items()
+                for row, values in rows.items()
+            ]
+        }
 
     def load_state_dict(self, state: dict) -> None:
         device = next(self.model.parameters()).device
-        self.cache = {
-            tuple(int(x) for x in key.split(":")): t.to(device)  # type: ignore[misc]
-            for key, t in state.get("cache", {}).items()
-        }
+        self.cache = {}
+        for item in state.get("rows", []):
+            row = TokenSeq(tuple(item["prompt"].tolist()), tuple(item["completion"].tolist()))
+            self.cache.setdefault(int(item["step"]), {})[row] = item["logps"].to(device)
+        # Checkpoints written before rows were keyed: one [N + M, W] tensor per (step, micro),
+        # read back through the plan's micro-batches (the trainer restores that run's split).
+        for key, lp in state.get("cache", {}).items():
+            s, m = (int(x) for x in key.split(":"))
+            batch = self.batch_fn(s, m)
+            split = _split_rows(lp, batch.row_mask())
+            for row, values in zip(batch.all_rows(), split, strict=True):
+                self.cache.setdefault(s, {})[row] = values.to(device)
+
+
+def _split_rows(lp: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's completion-token log-probs, in order (a row's mask marks exactly its
+    completion tokens, in any batch layout)."""
+    keep = mask.to(lp.device) > 0
+    return [row[k] for row, k in zip(lp, keep, strict=True)]
 
 
 def make_reference(

@@ -125,6 +125,13 @@ class TokenBatch:
     # Rows the policy scores without a graph (KTO's mismatched pairs, trainer.logps.batch_logps);
     # the reference scores them like any other row.
     aux: TokenBatch | None = None
+    # The sequences of the rows, in order: what a row's log-probs are keyed by when they are
+    # kept for later (trainer.reference.Lookahead), whatever micro-batch scored them.
+    rows: tuple[TokenSeq, ...] = ()
+
+    def all_rows(self) -> tuple[TokenSeq, ...]:
+        """The rows, then the aux rows: the rows of batch_logps and row_mask."""
+        return self.rows + (self.aux.rows if self.aux is not None else ())
 
     @property
     def num_tokens(self) -> int:
@@ -195,7 +202,9 @@ def collate(seqs: Sequence[TokenSeq], pad_id: int, share_prompts: bool | str = T
         is_completion[i, len(s.prompt_ids) : len(s.prompt_ids) + len(s.completion_ids)] = True
     start = max(1, min(len(s.prompt_ids) for s in seqs))  # templates always emit a prompt
     positions = torch.arange(start - 1, ids.shape[1] - 1)
-    return TokenBatch(ids, attn, positions, ids[:, start:], is_completion[:, start:].float())
+    return TokenBatch(
+        ids, attn, positions, ids[:, start:], is_completion[:, start:].float(), rows=tuple(seqs)
+    )
 
 
 def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int) -> TokenBatch:
@@ -210,4 +219,4 @@ def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int) -> Tok
     ids, attn = _pad([s.prompt_ids[-1:] + s.completion_ids for s in seqs], pad_id)
     positions = torch.arange(0, ids.shape[1] - 1)
     mask = attn[:, 1:].float()  # every suffix token after the first is a completion token
-    return TokenBatch(ids, attn, positions, ids[:, 1:], mask, prefix=prefix)
+    return TokenBatch(ids, attn, positions, ids[:, 1:], mask, prefix=prefix, rows=tuple(seqs))

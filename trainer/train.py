@@ -10,10 +10,10 @@ trainer.distributed) and on GPUs.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,28 +22,38 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedDataParallelKwargs, gather_object
+from accelerate.utils import DistributedDataParallelKwargs
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from contract.data import JsonlReader
-from contract.runs import CHECKPOINT_EVENT, DATA_QUALITY_FILE, FINAL_DIR, RESULT_FILE
+from contract.memory import GiB
+from contract.runs import (
+    CHECKPOINT_EVENT,
+    CHECKPOINT_STATE_FILE,
+    DATA_QUALITY_FILE,
+    FINAL_DIR,
+    RESULT_FILE,
+)
 from contract.spec import JobSpec
 from reports.version import code_version
 from trainer import checkpoint
-from trainer.datastore import store_examples
 from trainer.distributed import make_parallel
 from trainer.logps import batch_logps
-from trainer.modeling import load_policy, load_tokenizer, resolve_model
+from trainer.memory import after_out_of_memory, choose_micro_batch_here
+from trainer.modeling import apply_model_options, load_policy, load_tokenizer, resolve_model
 from trainer.modeling.card import finish_export
-from trainer.online.rounds import OfflineData, OnlineData
-from trainer.plan import BatchPlan
+from trainer.online.rounds import OnlineData
 from trainer.quality import data_quality, quality_batches
 from trainer.recipes import LossContext, make_recipe
 from trainer.reference import make_reference
+from trainer.rundata import load_data
 from trainer.runlog import ProgressEvents, RunLog
 from trainer.seeds import derive_seed
+from trainer.stepmetrics import reduce_step_metrics
 from trainer.tokenize import ChatTokenizer, TokenBatch, collate
+
+# Micro-batches of rows the lookahead reference scores in one no-grad forward.
+LOOKAHEAD_MICRO_BATCHES = 2
 
 
 @dataclass
@@ -105,10 +115,26 @@ class Trainer:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
-        self.total: int  # optimizer steps of the whole run, set with the data
-        self.data = self._load_data(spec)
+        self.data, self.total = load_data(
+            spec, self.recipe, self.chat, acc, self.out_dir, self.log
+        )
+
+        # Rows per forward: chosen from the estimate and the memory this process has, unless
+        # the spec sets grad_accum (contract.memory.choose_micro_batch); before the model is
+        # loaded, so a GPU's free memory is the whole budget.
+        self.memory = choose_micro_batch_here(spec, acc, self.model_dir, self.out_dir, resume)
+        if not self.memory.fits:
+            self.log.event("warning", f"the job may not fit in memory: {self.memory.reason}")
+        self.data.set_accum(self.memory.grad_accum)
+        self.compile = spec.compiles_on(acc.device.type)
 
         model = load_policy(spec, self.model_dir)
+        for warning in apply_model_options(
+            model,
+            checkpointing=self.memory.activation_checkpointing,
+            compile=self.compile,
+        ):
+            self.log.event("warning", warning)
         # DDP (accelerate) or FSDP2 (sharded in place, so the optimizer is made afterwards)
         self.parallel = make_parallel(spec.parallelism, acc)
         self.unwrapped = model
@@ -142,7 +168,11 @@ class Trainer:
             spec.logps_temperature,
             copy_model=self.parallel.frozen_copy,
             batch_fn=self.batch_for,
-            accum=spec.grad_accum,
+            micro_count=lambda: self.data.accum,
+            collate_fn=self._collate,
+            # a no-grad forward keeps no activations for backward: two micro-batches' rows at a
+            # time hold less than one training micro-batch does
+            max_rows=lambda: LOOKAHEAD_MICRO_BATCHES * self.memory_rows(),
         )
         self.humanline = spec.humanline_params if spec.humanline else None
         self._batches: dict[tuple[int, int], TokenBatch] = {}
@@ -154,7 +184,12 @@ class Trainer:
         self.start = 0
         last = checkpoint.latest(self.out_dir) if resume else None
         if last is not None:
+            state = json.loads((last.path / CHECKPOINT_STATE_FILE).read_text())
+            # the split the checkpoint's pending reference rows were read with (before rows were
+            # keyed, trainer.reference.Lookahead); the run goes on with this run's own choice
+            self.data.set_accum(state.get("grad_accum") or spec.grad_accum or 1)
             checkpoint.load(last, **self._state())
+            self.data.set_accum(self.memory.grad_accum)
             self.start = last.step
             self.log.truncate_metrics(self.start)
             self.log.event("resumed", f"resumed from step {self.start}", step=self.start)
@@ -171,60 +206,6 @@ class Trainer:
             if self.sync.moves and spec.data_source == "offline":
                 self._refresh_reference(0)  # steps 1..k use the initial weights as reference
         self.model.train()
-
-    def _load_data(self, spec: JobSpec) -> OfflineData | OnlineData:
-        # Read and tokenised a record at a time, the tokens kept in a memory-mapped file
-        # (trainer.datastore): the file is never held whole. Same examples, same order.
-        reader = JsonlReader(spec.training_file)
-        fmt = reader.first()
-        acc = self.accelerator
-        if spec.data_source == "online":
-            if fmt not in spec.training_formats:
-                raise ValueError(f"online jobs sample from prompt files, got {fmt}")
-            assert spec.max_steps is not None  # JobSpec requires it of online jobs
-            self.total = spec.max_steps
-            data = OnlineData(
-                spec, self.recipe, self.chat, reader, acc, self.total, directory=self.out_dir
-            )
-            self.log.event(
-                "data",
-                f"{len(data.records)} prompts ({fmt}) for online sampling",
-                skipped=data.skipped,
-            )
-            if data.skipped:
-                self.log.event(
-                    "warning",
-                    f"{data.skipped} prompts longer than max_prompt_length are not sampled",
-                )
-            return data
-        if fmt not in spec.training_formats:
-            raise ValueError(
-                f"{spec.objective.name} trains on {' or '.join(spec.training_formats)} data, "
-                f"got {fmt}"
-            )
-        store = store_examples(self.recipe, fmt, reader, self.chat, self.out_dir)
-        examples = store.examples()
-        report = self.chat.report.as_dict()
-        self.log.event(
-            "data",
-            f"{len(examples)} training examples from {reader.records} {fmt} records",
-            **report,
-        )
-        if self.chat.report.any:
-            self.log.event(
-                "warning", "some examples were truncated or dropped to fit max_length", **report
-            )
-        self.total = spec.total_steps(len(examples))
-        plan = BatchPlan(
-            len(examples),
-            spec.examples_per_batch,
-            spec.grad_accum,
-            acc.num_processes,
-            acc.process_index,
-            spec.seed,
-            self.total,
-        )
-        return OfflineData(examples, plan, store)
 
     def _refresh_reference(self, step: int) -> None:
         """Current weights → reference of steps step+1 .. the next sync point, within the
@@ -286,68 +267,96 @@ class Trainer:
         if quality.get("warning"):
             self.log.event("warning", quality["warning"], data_quality_mean=quality["mean"])
 
+    # ---- the micro-batch ------------------------------------------------------------------------
+    def memory_rows(self) -> int:
+        """Rows of one training micro-batch (the lookahead scores a few of these at a time)."""
+        per_example = 2 if self.spec.objective.name in ("dpo", "kto") else self.spec.group_size
+        return self.memory.micro_examples * per_example
+
+    def _collate(self, rows: list) -> TokenBatch:
+        return collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
+
+    def _out_of_memory(self, step: int, error: BaseException) -> None:
+        """An out-of-memory error in `step`: free what the attempt held, then split the batch
+        finer and let the caller redo the step (one process), or stop for a retry from the
+        last checkpoint (trainer.memory.after_out_of_memory)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self._batches.clear()  # collated for the old split
+        self.memory = after_out_of_memory(
+            self.spec, self.accelerator, self.memory, step, error, self.log, self.out_dir
+        )
+        self.data.set_accum(self.memory.grad_accum)
+
     # ---- one optimizer step ---------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        spec, acc, accum = self.spec, self.accelerator, self.spec.grad_accum
-        world = acc.num_processes
+        acc = self.accelerator
         t0 = time.perf_counter()
         round_stats = self._begin_round(step) if self.data.needs_round(step) else {}
+        while True:
+            try:
+                metrics, tokens, t_sync = self._update(step)
+                break
+            except torch.OutOfMemoryError as error:
+                self._out_of_memory(step, error)  # one process: halved, redo the step
+        elapsed = time.perf_counter() - t0
+        metrics.update(
+            step_time=elapsed,
+            sync_time=t_sync,
+            tokens_per_s=tokens * acc.num_processes / elapsed,
+            **round_stats,
+        )
+        return metrics
+
+    def _update(self, step: int) -> tuple[dict[str, float], int, float]:
+        """Forward, loss and backward of every micro-batch, clipping, the humanline sync and the
+        update: (metrics, this process's tokens, seconds spent syncing). The device is waited
+        for once, for the metrics at the end (one host copy of every figure)."""
+        spec, acc = self.spec, self.accelerator
+        accum, world = self.data.accum, acc.num_processes
         micro = [self.data.micro(step, m) for m in range(accum)]
         batches = [self.batch_for(step, m) for m in range(accum)]
-        self._batches = {key: b for key, b in self._batches.items() if key[0] > step}  # used now
         ctx = LossContext(humanline=self.humanline, length_normalize=spec.length_normalize)
         if self.humanline is not None and self.humanline.mode == "sample":
             # a per-step stream, so a resumed run draws the same Beta samples
             seed = derive_seed(spec.seed, "humanline", step, acc.process_index)
             ctx.generator = torch.Generator(acc.device).manual_seed(seed)
         if self.recipe.token_level:  # DAPO: mean over every token of the global batch
-            local = torch.tensor(float(sum(b.num_tokens for b in batches)), device=acc.device)
-            ctx.token_normalizer = float(acc.reduce(local, "sum")) / (world * accum)
+            local_tokens = float(sum(b.num_tokens for b in batches))  # host tensors: no sync
+            if world > 1:
+                total = acc.reduce(torch.tensor(local_tokens, device=acc.device), "sum")
+                ctx.token_normalizer = total / (world * accum)  # stays on the device
+            else:
+                ctx.token_normalizer = local_tokens / accum
         if world > 1:
             ctx.kl_reduce = acc.gather
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, torch.Tensor] = {}
         tokens = 0
-        for m, (mb, batch) in enumerate(zip(micro, batches, strict=False)):
-            scored = batch.to(acc.device)  # once: the reference, the policy and the loss share it
-            with acc.autocast():  # the reference sees the same precision as the policy
+        # One autocast region for the step: a weight is cast to the compute precision once per
+        # step (autocast caches the casts of leaf weights until the region ends), not per forward.
+        with acc.autocast():
+            for m, (mb, batch) in enumerate(zip(micro, batches, strict=True)):
+                scored = batch.to(acc.device)  # once: the reference, the policy and the loss
                 ref = self.reference.logps(step, m, scored)
-            with self.parallel.accumulate(self.model, sync=m == accum - 1):
-                pol = batch_logps(self.model, scored, spec.logps_temperature)
-                out = self.recipe.loss(pol, ref, scored, mb, self.data.examples, ctx)
-                acc.backward(out.loss / accum)
-            for name, value in out.metrics.items():
-                sums[name] += value / accum
-            tokens += batch.seq_tokens
+                with self.parallel.accumulate(self.model, sync=m == accum - 1):
+                    pol = batch_logps(self.model, scored, spec.logps_temperature)
+                    out = self.recipe.loss(pol, ref, scored, mb, self.data.examples, ctx)
+                    acc.backward(out.loss / accum)
+                for name, value in out.metrics.items():
+                    sums[name] = sums.get(name, 0.0) + value / accum
+                tokens += batch.seq_tokens
         grad_norm = self.parallel.clip_grad_norm_(self.params, spec.optim.max_grad_norm)
         t_sync = time.perf_counter()
         if self.sync.before_update(step):
             self._refresh_reference(step)  # humanline: reference := θ_s, *before* the update
         t_sync = time.perf_counter() - t_sync
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate this update uses
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._batches = {key: b for key, b in self._batches.items() if key[0] > step}  # used now
         if self.sync.after_update(step):
             self._refresh_reference(step)  # trust region: reference := θ_{s+1}, after the update
-
-        # a metric may exist on some ranks only (KTO's rewards/chosen needs a desirable
-        # example): reduce over the union of names, each averaged where it exists
-        keys = sorted(set().union(*gather_object([sorted(sums)]))) if world > 1 else sorted(sums)
-        local = torch.tensor(
-            [[sums.get(n, 0.0), float(n in sums)] for n in keys], device=acc.device
-        )
-        reduced = acc.reduce(local.reshape(-1, 2), "sum").tolist()
-        metrics = {n: total / count for n, (total, count) in zip(keys, reduced, strict=False)}
-        elapsed = time.perf_counter() - t0
-        metrics.update(
-            grad_norm=float(grad_norm),
-            lr=lr,
-            step_time=elapsed,
-            sync_time=t_sync,
-            tokens_per_s=tokens * world / elapsed,
-            **round_stats,
-        )
-        return metrics
+        return reduce_step_metrics(acc, sums, grad_norm) | {"lr": lr}, tokens, t_sync
 
     # ---- the run: steps, logging, checkpoints, stop requests, export ----------------------------
     def run(self) -> RunResult:
@@ -358,8 +367,19 @@ class Trainer:
             f"training {spec.variant} {spec.objective.name} for {self.total} steps: "
             + ", ".join(f"{k} {v}" for k, v in resolved.items() if v is not None)
         )
+        choice = self.memory
         log.event(
-            "started", message, world_size=acc.num_processes, device=acc.device.type, **resolved
+            "started",
+            message,
+            world_size=acc.num_processes,
+            device=acc.device.type,
+            **resolved,
+            grad_accum=self.data.accum,
+            micro_batch=choice.micro_examples,
+            activation_checkpointing=choice.activation_checkpointing,
+            compile=self.compile,
+            memory_available_gib=round(choice.available / GiB, 2),
+            memory_estimate_gib=round(choice.estimate.gib, 2),
         )
         if acc.is_main_process:
             print(message, file=sys.stderr, flush=True)
@@ -427,7 +447,7 @@ class Trainer:
             step,
             **self._state(),
             spec_json=self.spec.model_dump_json(indent=2),
-            extra={"total_steps": self.total},
+            extra={"total_steps": self.total, "grad_accum": self.data.accum},
         )
         self.log.event(CHECKPOINT_EVENT, f"checkpoint at step {step}", step=step, path=str(ck.path))
 

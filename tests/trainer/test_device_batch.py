@@ -24,7 +24,7 @@ def _tensors(obj, path=""):
         value = getattr(obj, f.name)
         if torch.is_tensor(value):
             yield f"{path}{f.name}", value
-        elif value is not None:
+        elif value is not None and f.name != "rows":  # the rows' token ids: host data
             yield from _tensors(value, f"{path}{f.name}.")
 
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from contract.spec import DPOConfig, HumanlineParams
 from trainer.losses.humanline import sequence_rewards, token_log_ratios
-from trainer.losses.types import LossOutput, to_floats
+from trainer.losses.types import LossOutput, detached
 
 
 def dpo_loss(
@@ -48,7 +48,7 @@ def dpo_loss(
     with torch.no_grad():
         n_tokens = mask_chosen.bool().sum() + mask_rejected.bool().sum()
         logratio_sum = r_w.sum() + r_l.sum()  # r is already 0 off the completion
-        metrics = to_floats(
+        metrics = detached(
             {
                 "loss": loss,
                 "rewards/chosen": reward_w.mean(),

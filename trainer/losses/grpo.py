@@ -6,7 +6,7 @@ import torch
 
 from contract.spec import HumanlineParams
 from trainer.losses.humanline import clamp_fraction, token_log_ratios
-from trainer.losses.types import LossOutput, masked_mean, to_floats
+from trainer.losses.types import LossOutput, detached, masked_mean
 
 
 def group_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -69,7 +69,7 @@ def grpo_loss(
 
     with torch.no_grad():
         clipped = ((ratio > 1.0 + epsilon) & (adv > 0)) | ((ratio < 1.0 - epsilon) & (adv < 0))
-        metrics = to_floats(
+        metrics = detached(
             {
                 "loss": loss,
                 "kl": masked_mean(kl, keep),

@@ -8,7 +8,7 @@ import torch
 
 from contract.spec import HumanlineParams, KTOConfig
 from trainer.losses.humanline import clamp_fraction, sequence_rewards, token_log_ratios
-from trainer.losses.types import LossOutput, to_floats
+from trainer.losses.types import LossOutput, detached
 
 
 def kto_loss(
@@ -73,4 +73,4 @@ def kto_loss(
             values["rewards/chosen"] = beta_reward[desirable].mean()
         if n_u:
             values["rewards/rejected"] = beta_reward[~desirable].mean()
-    return LossOutput(loss=loss, metrics=to_floats(values))
+    return LossOutput(loss=loss, metrics=detached(values))

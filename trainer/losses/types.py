@@ -11,12 +11,23 @@ import torch
 class LossOutput:
     """A scalar loss to backpropagate and detached metrics to log.
 
-    ``metrics`` holds plain Python floats so a recipe can log, average or serialise them
-    without touching the autograd graph or the device.
+    ``metrics`` holds detached 0-d tensors on the loss's device (`detached`): the training loop
+    averages them there and moves them to the host once per step; ``floats()`` for anyone else.
     """
 
     loss: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def floats(self) -> dict[str, float]:
+        """The metrics on the host, with one device sync."""
+        return to_floats(dict(self.metrics))
+
+
+def detached(metrics: dict[str, torch.Tensor | float]) -> dict[str, torch.Tensor]:
+    """Detached 0-d fp32 tensors, left where they are: the trainer sums a step's micro-batches
+    on the device and copies them to the host once per optimizer step (trainer.train), instead
+    of one blocking copy per micro-batch."""
+    return {k: torch.as_tensor(v).detach().float().reshape(()) for k, v in metrics.items()}
 
 
 def to_floats(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:

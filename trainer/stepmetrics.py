@@ -1,0 +1,33 @@
+"""A step's metrics, from the device to the host once per optimizer step.
+
+Each loss returns detached 0-d tensors (trainer.losses.types.detached); the step sums its
+micro-batches' on the device, and this module averages them over the ranks and copies them to
+the host with the gradient norm in one transfer: one device sync per step, not one per
+micro-batch per metric (a blocking copy makes the CPU wait for the GPU to drain, and the GPU
+then idles while the CPU queues the next micro-batch).
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate.utils import gather_object
+
+
+def reduce_step_metrics(
+    accelerator, sums: dict[str, torch.Tensor], grad_norm: torch.Tensor
+) -> dict[str, float]:
+    """Every rank's metrics averaged where they exist (a metric may exist on some ranks only:
+    KTO's rewards/chosen needs a desirable example), plus `grad_norm`, on the host."""
+    device, world = accelerator.device, accelerator.num_processes
+    keys = sorted(set().union(*gather_object([sorted(sums)]))) if world > 1 else sorted(sums)
+    # [name, (sum, 1 where this rank has it)], reduced over the ranks
+    local = torch.zeros((len(keys), 2), device=device)
+    for i, name in enumerate(keys):
+        if name in sums:
+            local[i, 0], local[i, 1] = sums[name], 1.0
+    reduced = accelerator.reduce(local, "sum") if world > 1 else local
+    norm = grad_norm.detach().float().reshape(1).to(device)
+    *pairs, norm_value = torch.cat([reduced.reshape(-1), norm]).tolist()
+    metrics = {name: pairs[2 * i] / pairs[2 * i + 1] for i, name in enumerate(keys)}
+    metrics["grad_norm"] = norm_value
+    return metrics
