@@ -119,6 +119,21 @@ class Deleted(BaseModel):
     deleted: bool = True
 
 
+class TrainingOut(BaseModel):
+    """How the trainer runs the job's batches: its own choice unless the spec set it (issue
+    25). Each batch is `grad_accum` micro-batches of `micro_batch` examples per process."""
+
+    grad_accum: int | None = Field(None, description="Micro-batches per optimizer step.")
+    micro_batch: int | None = Field(None, description="Examples per micro-batch per process.")
+    activation_checkpointing: bool | None = None
+    compile: bool | None = None
+    memory_estimate_gib: float | None = Field(
+        None, description="The trainer's estimate of the memory one GPU needs."
+    )
+    memory_available_gib: float | None = Field(None, description="What one GPU had free.")
+    attempt: int | None = Field(None, description="The attempt that made this choice.")
+
+
 class JobOut(RowOut):
     model_config = example(
         {
@@ -140,6 +155,11 @@ class JobOut(RowOut):
             "started_at": "2026-11-21T06:30:05Z",
             "finished_at": None,
             "spec": {"base_model": "smollm2-135m-instruct", "objective": {"name": "dpo"}},
+            "training": {
+                "grad_accum": 2, "micro_batch": 4, "activation_checkpointing": True,
+                "compile": False, "memory_estimate_gib": 61.5, "memory_available_gib": 79.2,
+                "attempt": 1,
+            },
         }
     )
 
@@ -161,6 +181,12 @@ class JobOut(RowOut):
     started_at: datetime | None
     finished_at: datetime | None
     spec: dict[str, Any]
+    training: TrainingOut | None = Field(
+        None,
+        description="The trainer's choice of micro-batch (updated when it runs out of memory "
+        "and halves it); null before the trainer starts. Shown by GET /v1/jobs/{job_id} only: "
+        "null in lists and other responses (it is read off the job's events).",
+    )
 
     @classmethod
     def derived(cls, row: Any) -> dict[str, Any]:
@@ -170,6 +196,7 @@ class JobOut(RowOut):
             "training_file": spec.get("training_file"),
             "metadata": row.meta or {},
             "spec": spec,
+            "training": None,  # GET /v1/jobs/{job_id} reads it (models.job_events)
         }
 
     @classmethod

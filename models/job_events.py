@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
 from models.tables import Job, JobEvent
@@ -65,3 +65,39 @@ def events_after(session: Session, job_id: str, after: int, limit: int) -> list[
             .limit(limit)
         ).scalars()
     )
+
+
+# The trainer's choice of how to run a job's batches (issue 25), as its `started` event says it
+# (worker.progress copies it with the attempt) and a later `out_of_memory` event changes it.
+TRAINING_FIELDS = (
+    "grad_accum", "micro_batch", "activation_checkpointing", "compile",
+    "memory_estimate_gib", "memory_available_gib", "attempt",
+)  # fmt: skip
+_CHANGED_BY_OUT_OF_MEMORY = ("grad_accum", "micro_batch")
+
+
+def training_choice(session: Session, job_id: str) -> dict[str, Any] | None:
+    """The newest `started` event's TRAINING_FIELDS, with the grad_accum and micro_batch of
+    any later `out_of_memory` event; None before the trainer started (or a trainer that does
+    not say). One query on the (job_id, seq) index; it reads the job's events from the newest
+    `started` on, so it is for one job (GET /v1/jobs/{id}), not a page of them."""
+    newest_start = (
+        select(func.max(JobEvent.seq))
+        .where(JobEvent.job_id == job_id, JobEvent.kind == "started")
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(JobEvent.kind, JobEvent.data)
+        .where(
+            JobEvent.job_id == job_id,
+            JobEvent.kind.in_(("started", "out_of_memory")),
+            JobEvent.seq >= newest_start,
+        )
+        .order_by(JobEvent.seq)
+    ).all()
+    if not rows or not isinstance(rows[0].data, dict) or "grad_accum" not in rows[0].data:
+        return None
+    choice = {k: rows[0].data.get(k) for k in TRAINING_FIELDS}
+    for _, data in rows[1:]:
+        choice.update({k: data[k] for k in _CHANGED_BY_OUT_OF_MEMORY if k in (data or {})})
+    return choice

@@ -42,6 +42,7 @@ from models.base import UTCDateTime, new_id, utcnow
 from models.job_events import _bump_seq, _event
 from models.job_events import add_event as add_event
 from models.job_events import events_after as events_after
+from models.job_events import training_choice as training_choice
 from models.job_records import add_checkpoint as add_checkpoint
 from models.job_records import checkpoint_at as checkpoint_at
 from models.job_records import checkpoints as checkpoints

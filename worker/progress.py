@@ -30,12 +30,16 @@ from models import jobs as job_states
 from storage import COMPLETE_MARKER, StorageError
 from storage.keys import checkpoint_prefix
 from worker.attempt import MAX_MESSAGE_CHARS, LeaseLost
+from worker.micro_batch import OUT_OF_MEMORY_EVENT, record_of
 from worker.tail import JsonlTail
 
 if TYPE_CHECKING:
     from worker.runner import Attempt
 
 UPLOAD_ATTEMPTS = 3
+# The trainer's out_of_memory events keep their kind (worker.micro_batch finds the newest
+# one, the API's job object shows it); every other kind not in the contract's list is a `log`.
+COPIED_KINDS = COPIED_EVENT_KINDS | {OUT_OF_MEMORY_EVENT}
 
 
 class RunProgress:
@@ -49,6 +53,8 @@ class RunProgress:
         self.recorded: set[int] = set()
         self.quality_reported = False
         self.started = False  # the trainer's `started` event: its first step is under way
+        self.started_data: dict[str, Any] | None = None  # its data (the memory it counted on)
+        self.out_of_memory: dict[str, int] | None = None  # this attempt's newest, recorded
 
     def resumed(self, step: int, prefix: str) -> None:
         """The attempt starts from the stored checkpoint at `step`."""
@@ -88,6 +94,7 @@ class RunProgress:
             data = e.get("data") or {}
             if e.get("kind") == "started":
                 self.started = True
+                self.started_data = data
                 self.total = data.get("total_steps", self.total)
             if isinstance(data.get("step"), int):  # metrics are logged every log_every steps;
                 self.step = max(self.step, data["step"])  # a checkpoint or stop says its step
@@ -101,6 +108,9 @@ class RunProgress:
             self.metrics.offset, self.events.offset = offsets
             raise
         self.quality_reported = self.quality_reported or bool(quality)
+        for e in events:  # recorded now (the transaction committed)
+            if e.get("kind") == OUT_OF_MEMORY_EVENT:
+                self.out_of_memory = record_of(e.get("data")) or self.out_of_memory
         self._prune_local_checkpoints()
 
     def _write(self, s: Session, metrics: list, events: list, quality: dict | None) -> None:
@@ -118,7 +128,7 @@ class RunProgress:
                 continue
             data = self.a.public(data)  # no local path, host name or pid (worker.scrub)
             data["attempt"] = self.a.number
-            if kind not in COPIED_EVENT_KINDS:
+            if kind not in COPIED_KINDS:
                 data["trainer_kind"] = kind
                 kind = "log"
             message = self.a.public(str(e.get("message", ""))[:MAX_MESSAGE_CHARS])

@@ -12,7 +12,8 @@
                (`cancelling`, a worker shutdown) → touch RUN_DIR/STOP (contract.runs).
     conclude   upload what is left and the exported model, then finish: succeeded, cancelled
                (a stop we asked for after a cancel), failed (with the trainer's stderr tail),
-               or released back to the queue (a worker shutdown).
+               or released back to the queue (a worker shutdown; out of memory with several
+               processes, with a smaller micro-batch for the next attempt: worker.micro_batch).
 
 Durability: a checkpoint row is written only after its objects (and their `_COMPLETE`
 marker) are in the store, and a job is finished only after everything it produced is in
@@ -31,28 +32,24 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from contract.runs import (
-    CHECKPOINT_STATE_FILE,
-    CHECKPOINTS_DIR,
     EXIT_INVALID_SPEC,
     EXIT_OK,
     EXIT_STOPPED,
     FINAL_DIR,
     STOP_FILE,
-    checkpoint_dir_name,
 )
 from models import jobs as job_states
 from models import scheduling
-from models.tables import Checkpoint, File, Job
-from storage import IncompleteCheckpointError, ObjectNotFound, ObjectStore
+from models.tables import Job
+from storage import ObjectStore
 from storage.keys import final_model_prefix
+from worker import inputs, micro_batch
 from worker.attempt import (
     MAX_MESSAGE_CHARS,
     AttemptFailed,
@@ -98,6 +95,7 @@ class Attempt(LeasedAttempt):
         self.status = job.status
         self.run_dir = self.dir / "run"
         self.resumed_from: int | None = None
+        self.micro_batch: dict[str, int] | None = None  # RUN_DIR/micro_batch.json at start
         self.progress = RunProgress(self, job.current_step or 0, job.total_steps)
         # Wall-clock time, all attempts together: what ran before this claim plus our clock.
         self.max_runtime = runner.settings.max_runtime(self.spec.get("max_runtime"))
@@ -131,10 +129,11 @@ class Attempt(LeasedAttempt):
     def prepare(self) -> Launch:
         self.run_dir.mkdir(parents=True)
         name = str(self.training_file_id)  # an id of ours ("file-<hex>"): a plain file name
-        self._download_training_file(self.dir / name)
+        inputs.download_training_file(self, self.dir / name)
         spec = {**self.spec, "training_file": name}  # relative to the trainer's cwd, self.dir
         (self.dir / "spec.json").write_text(json.dumps(spec, indent=2))
-        world = self._download_checkpoint()
+        world = inputs.download_checkpoint(self)
+        self.micro_batch = inputs.write_micro_batch(self)  # it ran out of memory before
         try:
             place = place_attempt(self.settings, self.spec, self.meta, world)  # loud if no GPU
         except PlacementError as exc:
@@ -153,46 +152,6 @@ class Attempt(LeasedAttempt):
         # A launcher (accelerate) gets SIGTERM so it can stop its ranks; a lone trainer SIGKILL.
         deathsig = signal.SIGTERM if place.num_processes > 1 else signal.SIGKILL
         return Launch(argv, trainer_env(place), deathsig)
-
-    def _download_training_file(self, dest: Path) -> None:
-        with self.sessions() as s:
-            row = s.get(File, self.training_file_id) if self.training_file_id else None
-            key = row.object_key if row is not None else None
-        if key is None:
-            raise AttemptFailed("the job's training file was deleted", "missing_file")
-        try:
-            self.store.download_file(key, dest)
-        except ObjectNotFound:
-            raise AttemptFailed(
-                f"the training file {self.training_file_id} is missing from the store",
-                "missing_file",
-            ) from None
-
-    def _download_checkpoint(self) -> int | None:
-        """Newest complete checkpoint → run/checkpoints/step-N; returns its world size (None:
-        start from scratch). A torn one (should not happen: rows follow uploads) is skipped
-        for the one before it."""
-        with self.sessions() as s:
-            rows = s.execute(
-                select(Checkpoint.step, Checkpoint.object_prefix)
-                .where(Checkpoint.job_id == self.job_id)
-                .order_by(Checkpoint.step.desc())
-            ).all()
-        for step, prefix in rows:
-            dest = self.run_dir / CHECKPOINTS_DIR / checkpoint_dir_name(step)
-            try:
-                self.store.download_dir(prefix, dest)
-            except IncompleteCheckpointError as exc:
-                self.warn(f"checkpoint at step {step} is unusable ({exc}); trying an older one")
-                continue
-            state = json.loads((dest / CHECKPOINT_STATE_FILE).read_text())
-            self.resumed_from = step
-            self.progress.resumed(step, prefix)
-            self.log.info("resuming from step %d", step)
-            return int(state.get("world_size", 1))
-        if rows:
-            self.warn("no usable checkpoint; training starts from scratch")
-        return None
 
     def before_start(self) -> str | None:
         if self.status == "cancelling":  # cancelled while we were downloading
@@ -252,8 +211,11 @@ class Attempt(LeasedAttempt):
                     "bytes": sum(f.stat().st_size for f in final.rglob("*") if f.is_file()),
                 }
             return self.finish("succeeded", result=base)
-        if self.stop_reason is not None and (rc == EXIT_STOPPED or self.killed):
-            return self.stopped(self.stop_reason, base)
+        record = micro_batch.ran_out(self.run_dir, self.micro_batch)  # out of memory
+        if self.stop_reason is not None and (rc == EXIT_STOPPED or self.killed or record):
+            return self.stopped(self.stop_reason, base)  # asked to stop: that comes first
+        if record is not None:
+            return self.out_of_memory(record, base)
         error = self.crash(rc, "the trainer", "trainer_error")
         if rc == EXIT_INVALID_SPEC:
             error["type"] = "invalid_spec"
@@ -286,6 +248,21 @@ class Attempt(LeasedAttempt):
         }
         event = ("max_runtime_exceeded", message, {"max_runtime": self.max_runtime, **base})
         return self.finish("failed", error=error, result=base, message=message, event=event)
+
+    def out_of_memory(self, record: dict[str, int], base: dict[str, Any]) -> str:
+        """Several processes ran out of memory: requeue the job (the next attempt starts
+        with `record`'s micro-batch), or fail it once its attempts are spent."""
+        p, max_attempts = self.progress, self.settings.MAX_JOB_ATTEMPTS
+        event = None  # the record the next attempt reads, unless the trainer's is there
+        if p.out_of_memory != record:
+            message = f"out of memory; the next attempt uses {micro_batch.describe(record)}"
+            event = (micro_batch.OUT_OF_MEMORY_EVENT, message, {**record, "attempt": self.number})
+        if self.number >= max_attempts:
+            error = micro_batch.exhausted_error(record, self.number, p.started_data)
+            return self.finish(
+                "failed", error=error, result=base, message=error["message"], event=event
+            )
+        return self.release(micro_batch.requeue_reason(record, self.number, max_attempts), event)
 
     def fail(self, error: dict[str, Any]) -> str:
         # the `failed` event says why (e.g. the GPUs a placement needs), not only the transition
@@ -321,11 +298,18 @@ class Attempt(LeasedAttempt):
             _send(self.send, job_id, self.log)
         return status
 
-    def release(self) -> str:
-        """Worker shutdown: the checkpoint is uploaded; give the job back and send it again
-        so another worker resumes it now."""
-        reason = "worker shutting down"
-        self.end(lambda s: job_states.release(s, self.job_id, self.worker_id, reason))
+    def release(self, reason: str = "worker shutting down", event=None) -> str:
+        """Worker shutdown (or out of memory): the checkpoint is uploaded; give the job back
+        (with `event`, if any: (kind, message, data)) and send it again so another worker
+        resumes it now."""
+        reason, event = self.public(reason), self.public(event)
+
+        def write(s: Session) -> bool:
+            if event is not None:
+                job_states.add_event(s, self.job_id, *event)
+            return job_states.release(s, self.job_id, self.worker_id, reason)
+
+        self.end(write)
         _send(self.send, self.job_id, self.log)  # if lost, the stale-queued sweep sends it
         return "released"
 

@@ -41,6 +41,7 @@ from api.schemas import (
     MetricOut,
     MetricsPage,
     Page,
+    TrainingOut,
     error_responses,
 )
 from contract.spec import INT4_MAX, JobSpec
@@ -123,8 +124,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=_ERRORS)
-def get_job(job: OwnedJob):
-    return JobOut.of(job)
+def get_job(job: OwnedJob, session: SessionDep):
+    """The job, with `training`: the trainer's choice of micro-batch (one more query, on the
+    job's events: lists leave it null rather than make one per job)."""
+    training = job_states.training_choice(session, job.id)
+    out = JobOut.of(job)
+    out.training = None if training is None else TrainingOut(**training)
+    return out
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=_ERRORS)

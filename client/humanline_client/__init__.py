@@ -49,6 +49,7 @@ from .types import (
     Job,
     JobEvent,
     JobReport,
+    JobTraining,
     Metric,
 )
 
@@ -86,6 +87,7 @@ __all__ = [
     "JobEvent",
     "JobEventStream",
     "JobReport",
+    "JobTraining",
     "JobWaitTimeout",
     "Metric",
     "NotFoundError",

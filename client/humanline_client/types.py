@@ -38,6 +38,7 @@ __all__ = [
     "JobEvent",
     "JobReport",
     "JobStatus",
+    "JobTraining",
     "JudgeParams",
     "Metric",
     "Objective",
@@ -104,6 +105,20 @@ class FileDeleted(BaseModel):
     deleted: bool = True
 
 
+class JobTraining(BaseModel):
+    """How the trainer runs a job's batches (`Job.training`): `grad_accum` micro-batches of
+    `micro_batch` examples per process, its own choice unless the spec set them; halved when
+    the job runs out of memory."""
+
+    grad_accum: Optional[int] = None
+    micro_batch: Optional[int] = None
+    activation_checkpointing: Optional[bool] = None
+    compile: Optional[bool] = None
+    memory_estimate_gib: Optional[float] = None
+    memory_available_gib: Optional[float] = None
+    attempt: Optional[int] = None
+
+
 class Job(BaseModel):
     """A training job. `status` moves validating → queued → running → succeeded | failed |
     cancelled (with `cancelling` in between when a running job is cancelled)."""
@@ -126,6 +141,7 @@ class Job(BaseModel):
     started_at: Optional[datetime] = None
     finished_at: Optional[datetime] = None
     spec: dict[str, Any] = {}
+    training: Optional[JobTraining] = None  # set by `jobs.retrieve` once the trainer started
 
     @property
     def is_terminal(self) -> bool:

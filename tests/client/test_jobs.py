@@ -14,6 +14,7 @@ from humanline_client import (
     Job,
     JobEvent,
     JobEventStream,
+    JobTraining,
     JobWaitTimeout,
     Metric,
     NotFoundError,
@@ -100,6 +101,11 @@ def test_retrieve_and_cancel(client, train_file, driver):
 
     running = create(client, train_file)
     driver.start(running.id, total_steps=5)
+    assert client.jobs.retrieve(running.id).training is None  # the trainer has not started
+    driver.event(running.id, "started", "go", grad_accum=2, micro_batch=4, compile=False)
+    training = client.jobs.retrieve(running.id).training
+    assert isinstance(training, JobTraining)
+    assert (training.grad_accum, training.micro_batch, training.compile) == (2, 4, False)
     assert client.jobs.cancel(running.id).status == "cancelling"
     assert client.jobs.cancel(running.id).status == "cancelling"  # repeating is fine
     with pytest.raises(NotFoundError):

@@ -6,6 +6,13 @@ step), LOG_EVERY (a metrics line every N steps), IGNORE_STOP (1: never looks at 
 STOP it checkpoints the step it is at, says `stopped` and exits 3; at the end it checkpoints
 the last step and exits 0. Used as TRAINER_PYTHON (a shell script: argv is
 `-m trainer run SPEC --out RUN_DIR --no-progress`).
+
+Memory (issue 25): it trains with GRAD_ACCUM micro-batches of MICRO_BATCH examples (default
+1 and 8), or those of the RUN_DIR/micro_batch.json it finds at start, and says which in its
+`started` event (as the trainer does: the test reads what each attempt found there). With
+FITS=N, a micro-batch of more than N examples runs out of memory at step 1 as several
+processes do: micro_batch.json with the micro-batch halved, an `out_of_memory` event (unless
+OOM_EVENT=0), exit OOM_CODE (default 4, EXIT_OUT_OF_MEMORY; accelerate launch exits 1).
 """
 
 from __future__ import annotations
@@ -24,12 +31,30 @@ checkpoint() {
     mv "$run/checkpoints/step-$1.tmp" "$run/checkpoints/step-$1"
     event checkpoint "checkpoint at step $1" "$1"
 }
+field() { sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" "$run/micro_batch.json"; }
+accum="${GRAD_ACCUM:-1}"; micro="${MICRO_BATCH:-8}"
+if [ -e "$run/micro_batch.json" ]; then accum=$(field grad_accum); micro=$(field micro_batch); fi
 sleep "${LOAD_SLEEP:-0}"
-printf '{"time": 0, "kind": "started", "message": "go", "data": {"total_steps": %s}}\n' \
-    "$STEPS" >> "$run/events.jsonl"
+printf '{"time": 0, "kind": "started", "message": "go", "data": {"total_steps": %s, ' "$STEPS" \
+    >> "$run/events.jsonl"
+printf '"grad_accum": %s, "micro_batch": %s, "activation_checkpointing": true, ' \
+    "$accum" "$micro" >> "$run/events.jsonl"
+printf '"compile": false, "memory_available_gib": 79.2, "memory_estimate_gib": 61.5}}\n' \
+    >> "$run/events.jsonl"
 step=1
 while [ "$step" -le "$STEPS" ]; do
     sleep "${SLEEP:-0}"
+    if [ -n "$FITS" ] && [ "$micro" -gt "$FITS" ]; then
+        oom=$(printf '{"grad_accum": %s, "micro_batch": %s, "step": %s}' \
+            $((accum * 2)) $((micro / 2)) "$step")
+        printf '%s' "$oom" > "$run/micro_batch.json"
+        if [ "${OOM_EVENT:-1}" = 1 ]; then
+            printf '{"time": 0, "kind": "out_of_memory", "message": "oom", "data": %s}\n' \
+                "$oom" >> "$run/events.jsonl"
+        fi
+        echo "torch.OutOfMemoryError: CUDA out of memory" >&2
+        exit "${OOM_CODE:-4}"
+    fi
     if [ $((step % ${LOG_EVERY:-1})) -eq 0 ]; then
         printf '{"step": %s, "time": 0, "loss": 0.69}\n' "$step" >> "$run/metrics.jsonl"
     fi
