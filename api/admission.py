@@ -99,7 +99,8 @@ def _fit_batch(
             f"step but file {file_id} has {examples}: lower batch_size (in {unit}) or add data",
             field="batch_size",
         )
-    unit_step = group * (resolved.grad_accum or 1)  # a batch must split into whole groups per micro-step
+    # a batch must split into whole groups per micro-step
+    unit_step = group * (resolved.grad_accum or 1)
     fitted = (examples * group) // unit_step * unit_step
     if fitted < 1:
         raise api_error(

@@ -16,8 +16,9 @@ trainer knows nothing of the service. Everything they share is named here, once.
                                  and exit with EXIT_STOPPED
 
 Exit codes: EXIT_OK (0) trained to the end; EXIT_INVALID_SPEC (2) the spec or its data is
-invalid (not worth retrying); EXIT_STOPPED (3) stopped at a STOP request; EXIT_OUT_OF_MEMORY (4) a multi-process run ran out
-of memory (retry with the micro-batch its MICRO_BATCH_FILE names); anything else a crash.
+invalid (not worth retrying); EXIT_STOPPED (3) stopped at a STOP request; EXIT_OUT_OF_MEMORY
+(4) a multi-process run ran out of memory (retry with the micro-batch its MICRO_BATCH_FILE
+names); anything else a crash.
 
 An evaluation (`python -m trainer.evaluation run --config C --out DIR`) writes
 progress.json as it goes, then result.json and report.html, or error.json ({"type",
@@ -46,12 +47,23 @@ EXIT_OK, EXIT_INVALID_SPEC, EXIT_STOPPED = 0, 2, 3
 # micro-batch (the trainer wrote MICRO_BATCH_FILE; one process halves in place instead).
 EXIT_OUT_OF_MEMORY = 4
 MICRO_BATCH_FILE = "micro_batch.json"
+OUT_OF_MEMORY_EVENT = "out_of_memory"  # the trainer's: split finer (fields grad_accum, micro_batch)
 
 # Trainer event kinds the worker copies into the job's events as they are. Any other kind is
 # recorded as `log` (its own kind in data.trainer_kind), except the trainer's `checkpoint`
 # (saved locally), which the worker records itself once the checkpoint is in the store.
 COPIED_EVENT_KINDS = frozenset(
-    {"data", "warning", "started", "resumed", "stopped", "finished", "progress", "round"}
+    {
+        "data",
+        "warning",
+        "started",
+        "resumed",
+        "stopped",
+        "finished",
+        "progress",
+        "round",
+        OUT_OF_MEMORY_EVENT,
+    }
 )
 CHECKPOINT_EVENT = "checkpoint"
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.orm import Session
 
+from contract.runs import OUT_OF_MEMORY_EVENT
 from models.tables import Job, JobEvent
 
 
@@ -90,7 +91,7 @@ def training_choice(session: Session, job_id: str) -> dict[str, Any] | None:
         select(JobEvent.kind, JobEvent.data)
         .where(
             JobEvent.job_id == job_id,
-            JobEvent.kind.in_(("started", "out_of_memory")),
+            JobEvent.kind.in_(("started", OUT_OF_MEMORY_EVENT)),
             JobEvent.seq >= newest_start,
         )
         .order_by(JobEvent.seq)

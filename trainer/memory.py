@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from contract.memory import MicroBatchChoice, ModelShape, choose_micro_batch
-from contract.runs import MICRO_BATCH_FILE
+from contract.runs import MICRO_BATCH_FILE, OUT_OF_MEMORY_EVENT
 from contract.spec import JobSpec
 
 GiB = 1 << 30
@@ -171,7 +171,7 @@ def after_out_of_memory(
         f"out of memory at step {step} with {per_process // accum} examples per micro-batch; "
         f"{then} with {micro} (grad_accum {new})"
     )
-    log.event("out_of_memory", message, step=step, grad_accum=new, micro_batch=micro)
+    log.event(OUT_OF_MEMORY_EVENT, message, step=step, grad_accum=new, micro_batch=micro)
     if world > 1:
         write_micro_batch_file(out_dir, grad_accum=new, micro_batch=micro, step=step)
         raise OutOfMemoryRetry(message) from error

@@ -32,10 +32,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.runs import MICRO_BATCH_FILE
+from contract.runs import MICRO_BATCH_FILE, OUT_OF_MEMORY_EVENT
 from models.tables import JobEvent
 
-OUT_OF_MEMORY_EVENT = "out_of_memory"
 FIELDS = ("grad_accum", "micro_batch", "step")
 
 
@@ -103,4 +102,4 @@ def exhausted_error(
         "(or max_prompt_length) or batch_size, set activation_checkpointing to on, set "
         "grad_accum higher, or run on more GPUs or GPUs with more memory."
     )
-    return {"type": "out_of_memory", "message": message, "attempts": attempts, **record}
+    return {"type": OUT_OF_MEMORY_EVENT, "message": message, "attempts": attempts, **record}

@@ -24,13 +24,14 @@ from contract.runs import (
     DATA_QUALITY_FILE,
     EVENTS_FILE,
     METRICS_FILE,
+    OUT_OF_MEMORY_EVENT,
     checkpoint_step,
 )
 from models import jobs as job_states
 from storage import COMPLETE_MARKER, StorageError
 from storage.keys import checkpoint_prefix
 from worker.attempt import MAX_MESSAGE_CHARS, LeaseLost
-from worker.micro_batch import OUT_OF_MEMORY_EVENT, record_of
+from worker.micro_batch import record_of
 from worker.tail import JsonlTail
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 UPLOAD_ATTEMPTS = 3
 # The trainer's out_of_memory events keep their kind (worker.micro_batch finds the newest
 # one, the API's job object shows it); every other kind not in the contract's list is a `log`.
-COPIED_KINDS = COPIED_EVENT_KINDS | {OUT_OF_MEMORY_EVENT}
 
 
 class RunProgress:
@@ -128,7 +128,7 @@ class RunProgress:
                 continue
             data = self.a.public(data)  # no local path, host name or pid (worker.scrub)
             data["attempt"] = self.a.number
-            if kind not in COPIED_KINDS:
+            if kind not in COPIED_EVENT_KINDS:
                 data["trainer_kind"] = kind
                 kind = "log"
             message = self.a.public(str(e.get("message", ""))[:MAX_MESSAGE_CHARS])

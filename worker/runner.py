@@ -42,6 +42,7 @@ from contract.runs import (
     EXIT_OK,
     EXIT_STOPPED,
     FINAL_DIR,
+    OUT_OF_MEMORY_EVENT,
     STOP_FILE,
 )
 from models import jobs as job_states
@@ -256,7 +257,7 @@ class Attempt(LeasedAttempt):
         event = None  # the record the next attempt reads, unless the trainer's is there
         if p.out_of_memory != record:
             message = f"out of memory; the next attempt uses {micro_batch.describe(record)}"
-            event = (micro_batch.OUT_OF_MEMORY_EVENT, message, {**record, "attempt": self.number})
+            event = (OUT_OF_MEMORY_EVENT, message, {**record, "attempt": self.number})
         if self.number >= max_attempts:
             error = micro_batch.exhausted_error(record, self.number, p.started_data)
             return self.finish(
