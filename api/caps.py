@@ -6,8 +6,9 @@ operator's choice, read from the CAP_* settings and checked here when a job is a
 (api.admission.admit_job, used by /v1/jobs and /v1/fine_tuning/jobs). A spec over a cap is
 refused with 422 naming the field, its value and the cap.
 
-`check_memory` refuses a job whose estimated peak training memory (contract.memory, from the
-base model's config.json) is above CAP_TRAIN_MEMORY_GIB, naming the fields that drive it.
+`check_memory` refuses a job that cannot fit CAP_TRAIN_MEMORY_GIB per training process
+(contract.memory, from the base model's config.json): with grad_accum unset, when not even one
+example per micro-batch fits; with it set, at that grad_accum. The 422 names what to change.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from api.errors import api_error
-from contract.memory import BUILTIN_SHAPES, GiB, ModelShape, estimate_training_memory
+from contract.memory import (
+    BUILTIN_SHAPES,
+    SAFETY_MARGIN,
+    GiB,
+    ModelShape,
+    choose_micro_batch,
+)
 from contract.spec import JobSpec
 from models.settings import Settings
 
@@ -98,17 +105,28 @@ def check_max_runtime(spec: JobSpec, settings: Settings) -> float:
     if spec.max_runtime is not None and spec.max_runtime > cap:
         _over("max_runtime", spec.max_runtime, cap)
     return settings.max_runtime(spec.max_runtime)
+
+
 # --- memory (CAP_TRAIN_MEMORY_GIB) ------------------------------------------------------------
-# What to change, for the part of the estimate that is largest.
+# What to change, for the part of the estimate that is largest. With grad_accum unset the
+# trainer already splits the batch down to one example per micro-batch (and checkpoints the
+# layers), so a refused job's batch parts name what one example costs: its length, the model.
 ADVICE = {
     "weights": "a smaller base model, a LoRA adapter, or precision bf16 with LoRA",
     "gradients and optimizer": "a LoRA adapter (or a smaller adapter.r)",
     "reference": "a LoRA adapter, or reference_sync humanline (no frozen copy)",
-    "activations": "lower batch_size or max_length, or raise grad_accum",
-    "logits": "lower batch_size or max_length, or raise grad_accum",
+    "activations": "lower max_length, a smaller base_model, a LoRA adapter or precision bf16",
+    "logits": "lower max_length or a smaller base_model",
     "sampler": "lower online.num_samples, online.max_new_tokens or online.vllm.kv_cache_gib",
     "training data": "a smaller training file",
 }
+# A grad_accum the user set is used as given, so raising it stays theirs to do.
+ADVICE_SET_ACCUM = {
+    "activations": "lower batch_size or max_length, raise grad_accum (or leave it unset: the "
+    "trainer picks the micro-batch), or activation_checkpointing on",
+    "logits": "lower batch_size or max_length, or raise grad_accum (or leave it unset)",
+}
+BATCH_FIELDS = ("batch_size", "grad_accum")
 
 
 def model_shape(base_model: str) -> ModelShape | None:
@@ -131,10 +149,13 @@ def _shape_of(path: str, mtime_ns: int) -> ModelShape:
 def check_memory(
     spec: JobSpec, settings: Settings, training_file_bytes: int = 0, training_records: int = 0
 ) -> str:
-    """Refuse (422) a job whose estimated peak memory per training process is above
-    CAP_TRAIN_MEMORY_GIB, naming the fields that drive the estimate, the estimate and the cap.
-    Returns a warning ("" when none) when the base model's config.json cannot be read here
-    (a model directory mounted on the workers only): that job is admitted unestimated."""
+    """Refuse (422) a job that cannot fit CAP_TRAIN_MEMORY_GIB per training process, naming
+    the fields that drive the estimate, the estimate and the cap. With grad_accum unset that
+    is a job whose smallest micro-batch (one example, checkpointed unless the spec says off:
+    contract.memory.choose_micro_batch, what the trainer will do) does not fit; a set
+    grad_accum is priced as given. Returns a warning ("" when none) when the base model's
+    config.json cannot be read here (a model directory mounted on the workers only): that
+    job is admitted unestimated."""
     shape = model_shape(spec.base_model)
     if shape is None:
         log.warning("no config.json readable for %s: memory not estimated", spec.base_model)
@@ -142,28 +163,45 @@ def check_memory(
             f"the memory of base_model {spec.base_model!r} was not estimated: its config.json "
             "is not readable by the API"
         )
-    estimate = estimate_training_memory(
-        spec, shape, training_file_bytes=training_file_bytes, training_records=training_records
-    )
     cap = settings.CAP_TRAIN_MEMORY_GIB
-    if estimate.total <= cap * GiB:
+    try:
+        choice = choose_micro_batch(
+            spec,
+            shape,
+            int(cap * GiB),
+            training_file_bytes=training_file_bytes,
+            training_records=training_records,
+        )
+    except ValueError as e:  # the batch does not split into grad_accum micro-batches
+        raise api_error(422, str(e), field="grad_accum") from e
+    if choice.fits:
         return ""
+    estimate = choice.estimate
     parts = estimate.largest()
-    drivers = estimate.drivers()
+    chosen = spec.grad_accum is None
+    drivers = [f for f in estimate.drivers() if not (chosen and f in BATCH_FIELDS)]
+    advice = ADVICE if chosen else {**ADVICE, **ADVICE_SET_ACCUM}
+    smallest = (
+        "even one example per micro-batch"
+        + (" with activation checkpointing" if choice.activation_checkpointing else "")
+        if chosen
+        else f"at grad_accum {spec.grad_accum}"
+    )
     shown = ", ".join(f"{name} {size / GiB:.1f} GiB" for name, size in parts[:4])
     raise api_error(
         422,
         f"the job would need about {estimate.gib:.1f} GiB of memory per training process "
-        f"(estimated from {spec.base_model}'s size and {', '.join(drivers[:6])}), above this "
-        f"service's cap of {cap:g} GiB: {shown}; {ADVICE[parts[0][0]]}",
+        f"{smallest} (estimated from {spec.base_model}'s size and {', '.join(drivers[:6])}), "
+        f"above this service's cap of {cap:g} GiB less a {SAFETY_MARGIN:.0%} margin: {shown}; "
+        f"{advice[parts[0][0]]}",
         field=drivers[0],
         errors=[
             {
-                "field": estimate.fields[name][0] if estimate.fields.get(name) else None,
+                "field": next((f for f in estimate.fields.get(name, ()) if f in drivers), None),
                 "message": f"{name}: {size / GiB:.2f} GiB",
                 "part": name,
                 "bytes": size,
-                "fields": list(estimate.fields.get(name, ())),
+                "fields": [f for f in estimate.fields.get(name, ()) if f in drivers],
             }
             for name, size in parts
         ],

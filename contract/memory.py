@@ -1,176 +1,55 @@
-"""How much memory one training process of a job will need at its peak: an estimate made from
-the spec and the base model's shape, before anything is loaded (issue 14; DESIGN.md §6).
+"""How much memory one training process of a job needs at its peak, estimated from the spec
+and the base model's shape before anything is loaded (issues 14, 25; DESIGN.md §5-6), and the
+micro-batch that fits a given memory (`choose_micro_batch`, used by the trainer and the API).
 
-Torch-free (the API imports it): `estimate_training_memory` is one pure function of the spec, a
-`ModelShape` (read from the model's config.json, `ModelShape.from_config`, or the built-ins'
-`BUILTIN_SHAPES`) and the training file's size. The API refuses a job whose estimate is above
-the operator's `CAP_TRAIN_MEMORY_GIB` (api.caps.check_memory), naming the fields that drive it.
+Torch-free (the API imports it). Per process: host RAM on a CPU, device memory on a GPU (FSDP
+divides weights, gradients and AdamW state by the processes). Parts (`MemoryEstimate.parts`):
 
-The estimate is per training process (a process holds the whole model under DDP; FSDP divides
-weights, gradients and AdamW state by the processes, which are not known at submit time, so
-one process is assumed). It is host RAM on a CPU worker and device memory on a GPU. What it
-counts, each a part of `MemoryEstimate.parts` (bytes):
+* `runtime`: the process (CPU: Python, torch, transformers ~0.6 GiB RSS; GPU: the CUDA context).
+* `weights`: full fine-tuning keeps fp32 master weights plus, under bf16/fp16 autocast, the
+  cast copy each op keeps for backward; LoRA stores the base in `precision`, the adapter fp32.
+* `gradients and optimizer`: fp32 gradients and AdamW's two moments of what trains (12 B each).
+* `reference`: a full fine-tune's frozen copy when the reference never moves; a moving one
+  keeps k × grad_accum micro-batches of fp32 log-probs (trainer.reference).
+* `activations`: what autograd keeps for one micro-batch (`layer_bytes` per token and layer;
+  with checkpointing each layer's input and one layer recomputed).
+* `logits`: the log-probs' head: one chunk of fp32 logits and its backward (trainer.
+  chunked_logps), or the old path's full [rows, C, V] logits (`chunked_logps=False`).
+* `sampler`: online jobs: HF generate's KV cache between steps, or vLLM's weights and cache.
+* `training data`: the memory-mapped token ids and 80 bytes of offsets a record.
 
-* `runtime`: the process itself (Python, torch, transformers: ~0.55 GiB of RSS on a CPU;
-  a CUDA context is about as large).
-* `weights`: full fine-tuning keeps fp32 master weights (4 B/parameter) whatever the precision;
-  LoRA stores the frozen base in `precision` (fp32 4, bf16/fp16 2 B) plus the fp32 adapter.
-  bf16/fp16 autocast of a full fine-tune also holds a low-precision copy of the weights.
-* `gradients and optimizer`: fp32 gradients and AdamW's two moments of every trainable
-  parameter (4 + 8 B each): the whole model for a full fine-tune, the adapter for LoRA.
-* `reference`: a frozen copy of the initial weights when a full fine-tune's reference never
-  moves (`reference_sync: none`, offline); LoRA's reference is the adapter switched off and a
-  moving reference keeps k batches of log-probs (trainer.reference).
-* `activations`: what autograd keeps for backward on one micro-batch (rows × max_length tokens
-  × layers, per token and layer the tensors a Llama decoder layer saves: norms in fp32, q/k/v,
-  rotary outputs, repeated k/v, attention output, the MLP's four intermediates), plus the
-  micro-batch's [rows, max_length, max_length] attention mask.
-* `logits`: the vocabulary projection of the completion positions: the logits in the compute
-  precision, their fp32 copy, and backward's two fp32 temporaries (KTO's mismatched rows are
-  scored under no_grad, so only their forward's logits count, while the graph is held).
-* `sampler`: online jobs. transformers' `generate` holds a KV cache for up to 64 rows of
-  prompt + new tokens (between steps, so it competes with a step rather than adding to it);
-  vLLM (`engine` vllm or auto) holds a second copy of the weights and its KV cache
-  (`online.vllm.kv_cache_gib`, or the same 64 rows) through training.
-* `training data`: the tokenised training file (trainer.datastore): its memory-mapped token
-  ids (4 bytes a token; the pages an epoch touches count as resident), bounded by the file's
-  size for text of 4 or more bytes a token, and 80 bytes of offsets a record.
-
-A micro-batch is `batch_size / grad_accum` examples (GRPO: sequences), every row assumed
-`max_length` tokens long (the worst case: rows are padded to the batch's longest). The peak is
-the static parts plus the larger of a training step (activations + logits) and a sampling round.
-The constants were calibrated against measured peaks (tests/contract/test_memory.py states the
-factor it holds to; docs/reliability.md lists the figures).
+Every row is assumed `max_length` long (batches pad to their longest). The peak is the static
+parts plus the larger of a step (activations + logits) and a sampling round. Calibration: GPU
+peaks in contract/memory_calibration.json (tests/contract/test_memory.py holds each to
+[0.8, 1.25]) and CPU peaks (tests/trainer/test_memory_estimate.py, benchmarks/memory_scale.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from contract.shapes import BUILTIN_SHAPES as BUILTIN_SHAPES  # re-exported: callers' names
+from contract.shapes import SMOLLM2 as SMOLLM2
+from contract.shapes import SMOLLM2_PUBLIC as SMOLLM2_PUBLIC
+from contract.shapes import TINY_LLAMA as TINY_LLAMA
+from contract.shapes import ModelShape
 from contract.spec import JobSpec
 
 GiB = 1 << 30
-RUNTIME_BYTES = int(0.6 * GiB)
+RUNTIME_BYTES = int(0.6 * GiB)  # a CPU process: Python, torch, transformers (RSS)
+# A GPU process's device memory outside torch's tensors: the CUDA context with its kernels
+# (~0.5 GiB on an H100/H200, torch 2.x, lazy module loading) and cuBLAS/cuDNN workspaces.
+# The allocator's cached-but-free blocks are the safety margin's (choose_micro_batch).
+RUNTIME_BYTES_ON = {"cpu": RUNTIME_BYTES, "cuda": 1 * GiB}
+# trainer.chunked_logps' budget: one chunk's fp32 logits (tokens = this ÷ 4V, at least
+# LOGPS_MIN_CHUNK). The trainer uses the same number; a test checks they agree.
+LOGPS_CHUNK_BYTES = 256 << 20
+LOGPS_MIN_CHUNK = 64
 SAMPLER_ROWS = 64  # rows decoded together: trainer.sampling.hf_engine.HFSampler's default
 DATA_BYTES_PER_FILE_BYTE = 1.0
 DATA_BYTES_PER_RECORD = 80  # a record's offsets: 32 bytes per sequence, 8 per example
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ENGINE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder-only transformer that memory depends on (fields in this order:
-    `BUILTIN_SHAPES` lists them positionally)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    tie_word_embeddings: bool = False
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
-        """From a Hugging Face config.json (Llama names, with GPT-2's as fallbacks; a
-        multimodal config's `text_config` is used when present). Missing sizes follow the
-        usual defaults (MLP 4 × hidden, one KV head per head); ValueError when the config
-        names no hidden size, layer count or vocabulary."""
-        config = config.get("text_config") or config
-
-        def get(*names: str, default: Any = None) -> Any:
-            for name in names:
-                value = config.get(name)
-                if value is not None:
-                    return value
-            if default is None:
-                raise ValueError(f"config.json has none of {', '.join(names)}")
-            return default
-
-        hidden = int(get("hidden_size", "n_embd", "d_model"))
-        heads = int(get("num_attention_heads", "n_head", "num_heads"))
-        return cls(
-            vocab_size=int(get("vocab_size")),
-            hidden_size=hidden,
-            intermediate_size=int(
-                get("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
-            ),
-            num_layers=int(get("num_hidden_layers", "n_layer", "num_layers")),
-            num_heads=heads,
-            num_kv_heads=int(get("num_key_value_heads", default=heads)),
-            head_dim=int(get("head_dim", default=hidden // heads)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        )
-
-    def llama_config(self) -> dict[str, Any]:
-        """These sizes under a Hugging Face LlamaConfig's names (the inverse of from_config)."""
-        return {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "tie_word_embeddings": self.tie_word_embeddings,
-        }
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer of a decoder layer, by module name."""
-        h, i = self.hidden_size, self.intermediate_size
-        return {
-            "q_proj": (h, self.q_size),
-            "k_proj": (h, self.kv_size),
-            "v_proj": (h, self.kv_size),
-            "o_proj": (self.q_size, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    @property
-    def params(self) -> int:
-        """Parameters: embeddings, the output layer unless tied, layers and norms."""
-        h = self.hidden_size
-        layer = sum(a * b for a, b in self.projections().values()) + 2 * h
-        head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.vocab_size * h + head + self.num_layers * layer + h
-
-    def lora_params(self, r: int, target_modules: list[str]) -> int:
-        """Adapter parameters: r × (in + out) per targeted projection per layer. A name that
-        is not a Llama projection counts as the largest one (conservative)."""
-        dims = self.projections()
-        largest = max(a + b for a, b in dims.values())
-        per_layer = sum(sum(dims[m]) if m in dims else largest for m in target_modules)
-        return r * per_layer * self.num_layers
-
-
-# The built-in models' names: the job spec's base_model, and SmolLM2's public (Hugging Face
-# hub) name, which an exported model names as its base and base_model may use as an alias.
-SMOLLM2, SMOLLM2_PUBLIC, TINY_LLAMA = (
-    "smollm2-135m-instruct",
-    "HuggingFaceTB/SmolLM2-135M-Instruct",
-    "tiny-llama",
-)
-# The built-in models' shapes (trainer.modeling.sources builds them; a test checks these
-# against the config.json each build writes), so the API needs no model on its disk.
-BUILTIN_SHAPES: dict[str, ModelShape] = {
-    SMOLLM2: ModelShape(49152, 576, 1536, 30, 9, 3, 64, True),
-    TINY_LLAMA: ModelShape(512, 64, 128, 2, 4, 2, 16, True),
-}
-BUILTIN_SHAPES[SMOLLM2_PUBLIC] = BUILTIN_SHAPES[SMOLLM2]
 
 
 @dataclass(frozen=True)
@@ -211,74 +90,139 @@ class MemoryEstimate:
         return out
 
 
+def layer_bytes(shape: ModelShape, spec: JobSpec, key_len: int) -> int:
+    """Bytes autograd keeps per token for one decoder layer's backward (transformers' Llama
+    layer, SDPA attention; counted with saved_tensors_hooks on CPU, fp32 and bf16 autocast,
+    full and LoRA: the formula matched each count exactly). What a layer keeps, and why:
+
+    * each RMSNorm keeps its input in fp32 (4 H: the stream itself, or the fp32 copy it makes
+      of a bf16 stream); a trainable norm weight (full fine-tuning) also keeps x·rsqrt (4 H).
+    * a projection keeps its input only when its weight or a LoRA adapter on it trains (autograd
+      saves what the gradients it will compute need). Under autocast (bf16/fp16) each one keeps
+      its own cast copy (b H each: q, k, v, gate, up read the fp32 stream; peft casts a LoRA
+      input per module); in fp32 the norm's output is one tensor all share.
+    * attention: q and k after the rotary embedding, v, the output (b each; it is also o_proj's
+      input), the fp32 logsumexp per head, and the additive mask a padded batch turns into
+      (b per key position). Flash / memory-efficient SDPA keeps no [T, T] probabilities.
+      GQA: k and v stay kv-sized (torch's SDPA takes grouped heads; on a padded GPU batch
+      transformers repeats them, which is within this estimate's tolerance).
+    * MLP: gate, up and silu(gate) (b I each, the element-wise product's and SiLU's inputs),
+      and the product when down_proj trains (b I).
+    * LoRA: each adapter's r-wide middle (b r).
+    The stream between layers is counted by the next layer's norm (or by checkpointing)."""
+    b = PRECISION_BYTES[spec.precision]
+    h, q, kv, inter = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
+    full = spec.adapter.kind != "lora"
+    targets = set(spec.adapter.target_modules) if not full else set()
+
+    def keeps_input(module: str) -> bool:
+        return full or module in targets
+
+    norms = 2 * 4 * h + (2 * 4 * h if full else 0)
+    for readers in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+        keepers = sum(keeps_input(m) for m in readers)
+        norms += keepers * b * h if b < 4 else (4 * h if keepers else 0)
+    attention = b * (2 * q + 2 * kv) + 4 * shape.num_heads + b * key_len
+    if b < 4 and "o_proj" in targets:
+        attention += b * q  # peft's cast copy of the attention output
+    mlp = 3 * b * inter + (b * inter if keeps_input("down_proj") else 0)
+    adapters = len(targets) * spec.adapter.r * b
+    return norms + attention + mlp + adapters
+
+
+def _tokens(spec: JobSpec, micro: int, rows: int, shared: bool) -> tuple[int, int]:
+    """(tokens through the layers, logit positions kept) of one micro-batch, every row full.
+    The shared-prompt layout (trainer.tokenize.SharedPrefix, CPU only) runs a pair's or
+    group's prompt once: micro × (P − 1) prompt tokens plus each row's 1 + C."""
+    prompt, completion = spec.max_prompt_length, spec.max_length - spec.max_prompt_length
+    if shared:
+        return micro * (prompt - 1) + rows * (completion + 1), rows * completion
+    return rows * spec.max_length, rows * completion
+
+
 def estimate_training_memory(
-    spec: JobSpec, shape: ModelShape, *, training_file_bytes: int = 0, training_records: int = 0
+    spec: JobSpec,
+    shape: ModelShape,
+    *,
+    grad_accum: int | None = None,
+    checkpointing: bool = False,
+    world: int = 1,
+    chunked_logps: bool = True,
+    device: str = "cpu",
+    training_file_bytes: int = 0,
+    training_records: int = 0,
 ) -> MemoryEstimate:
-    """Peak memory of one training process of `spec` on a model of `shape` (see the module
-    docstring for what each part counts). Pure: no I/O, no torch."""
+    """Peak memory of one of `world` training processes of `spec` on a model of `shape`, with
+    `grad_accum` micro-steps (None: the spec's, else 1) and per-layer activation
+    `checkpointing` (see the module docstring for each part). `chunked_logps` False prices the
+    old full-logits path (the GPU calibration points were measured on it). `device` "cpu" or
+    "cuda" sets the runtime part. Pure: no I/O, no torch."""
     lora = spec.adapter.kind == "lora"
     b = PRECISION_BYTES[spec.precision]  # compute precision (autocast) of the forward
     n_params = shape.params
     trainable = shape.lora_params(spec.adapter.r, spec.adapter.target_modules) if lora else n_params
-    h, inter, v = shape.hidden_size, shape.intermediate_size, shape.vocab_size
-    length = spec.max_length
+    h, v = shape.hidden_size, shape.vocab_size
     online = spec.online
+    fsdp = spec.parallelism.fsdp
+    shards = world if fsdp else 1
 
     # --- static: weights, gradients and AdamW, the reference, the data ----------------------
+    layer_params = (n_params - shape.vocab_size * h) // shape.num_layers  # upper bound
+    head_params = shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
     if lora:
-        weights = n_params * b + trainable * 4
+        weights = n_params * b // shards + trainable * 4
     else:
-        weights = n_params * 4 + (n_params * b if b < 4 else 0)  # autocast's weight copies
-    optimizer = trainable * (4 + 8)
-    accum = spec.grad_accum or 1
-    micro_examples = max(1, spec.examples_per_batch // accum)
+        weights = n_params * 4 // shards
+        if b < 4 and not fsdp:
+            weights += n_params * b  # autocast's cast of each weight, kept for backward
+    if fsdp:  # a layer gathered whole (and the next, prefetched), the root's embeddings/head
+        weights += (2 * layer_params + head_params) * b
+    optimizer = trainable * (4 + 8) // shards  # fp32 gradients, AdamW's two moments
+    accum = grad_accum or spec.grad_accum or 1
+    per_process = spec.examples_per_batch // world
+    micro_examples = max(1, per_process // accum)
     seqs_per_example = {"dpo": 2, "kto": 1, "grpo": spec.group_size}[spec.objective.name]
     rows = micro_examples * seqs_per_example  # rows scored with a graph
     aux = micro_examples if spec.objective.name == "kto" else 0  # mismatched pairs, no_grad
+    length = spec.max_length
     if spec.sync_policy.moves:  # k micro-batches of fp32 log-probs per sync (Lookahead)
         k = spec.humanline_params.sync_every if spec.sync_policy.periodic else 1
         reference = k * accum * (rows + aux) * length * 4
     else:
-        reference = 0 if lora else n_params * 4  # adapter off, or a frozen fp32 copy
+        reference = 0 if lora else n_params * 4 // shards  # adapter off, or a frozen copy
     data = int(training_file_bytes * DATA_BYTES_PER_FILE_BYTE)
     data += training_records * DATA_BYTES_PER_RECORD
 
-    # --- one training step: activations and logits of one micro-batch ----------------------
-    q, kv = shape.q_size, shape.kv_size
-    matmul_outputs = 7 * q + 3 * kv + 4 * inter  # q k v, rotary, repeated k/v, attention, MLP
-    per_token_layer = 4 * 4 * h + b * matmul_outputs + (2 * 5 * h if b < 4 else 0)
-    per_token = shape.num_layers * per_token_layer + 4 * 3 * h  # + embeddings, final norm
-    activations = rows * length * per_token + rows * length * length  # + the bool mask
-    temperature = 4 if spec.logps_temperature != 1.0 else 0
-    forward = (b if b < 4 else 0) + 4 + temperature  # logits, their fp32 copy (and ÷ T)
-    backward = 8  # logsumexp's exp and the gradient, fp32
-    elems = length * v
-    logits = max(
-        rows * elems * (forward + backward),  # backward starts
-        rows * elems * forward + aux * elems * (forward + 4),  # KTO: aux scored, graph held
-    )
+    # --- one training step: activations and log-probs of one micro-batch -------------------
+    shared = device == "cpu" and not checkpointing and seqs_per_example > 1
+    tokens, kept = _tokens(spec, micro_examples, rows, shared)
+    per_layer = layer_bytes(shape, spec, length)
+    stream = 4 if not lora else b  # the residual stream: fp32 under fp32 master weights
+    edges = tokens * 4 * 3 * h  # the embeddings' output, the final norm's fp32 saves
+    if checkpointing:  # each layer keeps its input; one layer recomputed, plus its gradients
+        activations = tokens * (shape.num_layers * stream * h + 2 * per_layer) + edges
+    else:  # every layer's saves, plus the layer being differentiated's gradient buffers
+        activations = tokens * (shape.num_layers + 1) * per_layer + edges
+    if shared:  # each row's own copy of its prompt's keys and values, every layer
+        activations += (
+            rows * (spec.max_prompt_length - 1) * shape.num_layers * 2 * shape.kv_size * stream
+        )
+    low = b if b < 4 else 0  # the matmul's own output before the fp32 upcast
+    if chunked_logps:
+        logits = _chunked_logits(spec, shape, kept, low, stream, lora)
+    else:
+        temperature = 4 if spec.logps_temperature != 1.0 else 0
+        forward = low + 4 + temperature  # logits, their fp32 copy (and ÷ T)
+        backward = 8  # logsumexp's exp and the gradient, fp32
+        elems = kept * v
+        aux_elems = aux * (length - spec.max_prompt_length) * v
+        logits = max(
+            elems * (forward + backward),  # backward starts
+            elems * forward + aux_elems * (forward + 4),  # KTO: aux scored, graph held
+        )
 
     # --- online: the sampler ---------------------------------------------------------------
-    sampler = 0
-    transient: tuple[str, ...] = ("sampler",)  # generate's cache: between steps, not during one
-    fields_sampler: tuple[str, ...] = ()
-    if online is not None:
-        n = online.num_samples
-        sample_rows = max(1, SAMPLER_ROWS // n) * n
-        context = spec.max_prompt_length + online.max_new_tokens
-        kv_bytes = 4 if not lora else b
-        kv_cache = 2 * shape.num_layers * kv * context * sample_rows * kv_bytes
-        prefill = sample_rows * spec.max_prompt_length * (2 * h + 2 * inter) * kv_bytes
-        sampler = kv_cache + prefill + sample_rows * context * context + sample_rows * v * 4
-        fields_sampler = ("online.num_samples", "online.max_new_tokens", "max_prompt_length")
-        if online.engine in ("vllm", "auto"):
-            dtype = online.vllm.dtype
-            engine_b = PRECISION_BYTES[spec.precision] if dtype == "auto" else ENGINE_BYTES[dtype]
-            cache = online.vllm.kv_cache_gib
-            # a second copy of the weights and its own cache, held through training
-            sampler = n_params * engine_b + (int(cache * GiB) if cache is not None else kv_cache)
-            transient = ()
-            fields_sampler += ("online.engine", "online.vllm.kv_cache_gib")
+    sampler, transient, fields_sampler = _sampler(spec, shape, n_params)
 
     batch_fields: tuple[str, ...] = ("batch_size", "grad_accum", "max_length")
     if spec.objective.name == "grpo" and online is not None:
@@ -286,7 +230,7 @@ def estimate_training_memory(
     adapter_fields: tuple[str, ...] = ("adapter.kind", "adapter.r") if lora else ("adapter.kind",)
     return MemoryEstimate(
         parts={
-            "runtime": RUNTIME_BYTES,
+            "runtime": RUNTIME_BYTES_ON[device],
             "weights": weights,
             "gradients and optimizer": optimizer,
             "reference": reference,
@@ -308,3 +252,148 @@ def estimate_training_memory(
         },
         transient=transient,
     )
+
+
+def _chunked_logits(
+    spec: JobSpec, shape: ModelShape, kept: int, low: int, stream: int, lora: bool
+) -> int:
+    """trainer.chunked_logps: `chunk` tokens' logits at a time (fp32 ≤ LOGPS_CHUNK_BYTES).
+    Forward: the chunk's matmul output, its fp32 copy and logsumexp's exp. Backward: the chunk
+    recomputed, its fp32 gradient (in place) and that cast back, and a trained head's fp32
+    gradient sum [V, H] (+ the compute-precision product and the head's cast copy). Kept for
+    backward: the hidden states it projects and one fp32 logsumexp per token."""
+    v, h = shape.vocab_size, shape.hidden_size
+    chunk = min(kept, max(LOGPS_MIN_CHUNK, LOGPS_CHUNK_BYTES // (4 * v)))
+    forward = chunk * v * (low + 4 + 4)
+    backward = chunk * v * (2 * low + 4)
+    if not lora:  # the head trains: its gradient summed in fp32, the cast weight, the product
+        backward += v * h * (4 + 2 * low)
+    saved = kept * (stream * h + 4)
+    return max(forward, backward) + saved
+
+
+def _sampler(
+    spec: JobSpec, shape: ModelShape, n_params: int
+) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    """Online jobs' sampler: (bytes, whether it is transient, its fields)."""
+    online = spec.online
+    if online is None:
+        return 0, ("sampler",), ()
+    lora = spec.adapter.kind == "lora"
+    b = PRECISION_BYTES[spec.precision]
+    h, inter, v = shape.hidden_size, shape.intermediate_size, shape.vocab_size
+    n = online.num_samples
+    sample_rows = max(1, SAMPLER_ROWS // n) * n
+    context = spec.max_prompt_length + online.max_new_tokens
+    kv_bytes = 4 if not lora else b
+    kv_cache = 2 * shape.num_layers * shape.kv_size * context * sample_rows * kv_bytes
+    prefill = sample_rows * spec.max_prompt_length * (2 * h + 2 * inter) * kv_bytes
+    sampler = kv_cache + prefill + sample_rows * context * context + sample_rows * v * 4
+    fields = ("online.num_samples", "online.max_new_tokens", "max_prompt_length")
+    if online.engine not in ("vllm", "auto"):
+        return sampler, ("sampler",), fields  # generate's cache: between steps, not during one
+    dtype = online.vllm.dtype
+    engine_b = PRECISION_BYTES[spec.precision] if dtype == "auto" else ENGINE_BYTES[dtype]
+    cache = online.vllm.kv_cache_gib
+    # a second copy of the weights and its own cache, held through training
+    sampler = n_params * engine_b + (int(cache * GiB) if cache is not None else kv_cache)
+    return sampler, (), fields + ("online.engine", "online.vllm.kv_cache_gib")
+
+
+# The share of the memory available that a chosen micro-batch's estimate may fill. The
+# calibration points sit at 0.95-1.12 of their measured peaks, and a GPU's caching allocator
+# holds 3-10 % in freed blocks of the wrong size; 10 % covers both in the usual case, and a
+# step that still runs out halves its micro-batch (issue 25, item 1), so a larger margin would
+# only buy fewer refusals of what fits at the price of more accumulation steps for every job.
+SAFETY_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class MicroBatchChoice:
+    """A micro-batch for one process: `micro_examples` examples (`rows` sequences) per forward,
+    `grad_accum` of them per optimizer step, and whether layers are checkpointed. `fits`
+    False: not even the smallest configuration fits (its estimate is the one given)."""
+
+    grad_accum: int
+    micro_examples: int
+    rows: int
+    activation_checkpointing: bool
+    estimate: MemoryEstimate
+    fits: bool
+    reason: str
+
+
+def choose_micro_batch(
+    spec: JobSpec,
+    shape: ModelShape,
+    available_bytes: int,
+    *,
+    world: int = 1,
+    device: str = "cpu",
+    training_file_bytes: int = 0,
+    training_records: int = 0,
+) -> MicroBatchChoice:
+    """The largest micro-batch (fewest accumulation steps) of this process's share of the
+    spec's global batch whose estimate fits `available_bytes` less SAFETY_MARGIN. A set
+    `spec.grad_accum` is used as given; `activation_checkpointing` "auto" turns it on only when
+    that lets a strictly larger micro-batch fit. Pure and fast (a few dozen estimates).
+    ValueError when the batch does not split evenly over `world` processes (or grad_accum)."""
+    examples = spec.examples_per_batch
+    if examples % world:
+        raise ValueError(
+            f"{examples} {spec.batch_unit} per batch do not split over {world} processes"
+        )
+    per_process = examples // world
+    if spec.grad_accum is not None:
+        if per_process % spec.grad_accum:
+            raise ValueError(
+                f"{per_process} {spec.batch_unit} per process do not split into grad_accum "
+                f"{spec.grad_accum} micro-batches"
+            )
+        sizes = [per_process // spec.grad_accum]
+    else:
+        sizes = [d for d in range(per_process, 0, -1) if per_process % d == 0]
+    modes = {"off": (False,), "on": (True,), "auto": (False, True)}[spec.activation_checkpointing]
+    budget = int(available_bytes * (1 - SAFETY_MARGIN))
+    per_example = {"dpo": 2, "kto": 1, "grpo": spec.group_size}[spec.objective.name]  # rows
+
+    def estimate(micro: int, ckpt: bool) -> MemoryEstimate:
+        return estimate_training_memory(
+            spec,
+            shape,
+            grad_accum=per_process // micro,
+            checkpointing=ckpt,
+            world=world,
+            device=device,
+            training_file_bytes=training_file_bytes,
+            training_records=training_records,
+        )
+
+    def choice(micro: int, ckpt: bool, est: MemoryEstimate, fits: bool, why: str):
+        rows = micro * per_example
+        head = f"{micro} examples ({rows} rows) per micro-batch × {per_process // micro} steps"
+        how = f"activation checkpointing {'on' if ckpt else 'off'}"
+        reason = f"{head}, {how}: about {est.gib:.1f} GiB, {why}"
+        return MicroBatchChoice(per_process // micro, micro, rows, ckpt, est, fits, reason)
+
+    gib = f"{available_bytes / GiB:.1f} GiB less {SAFETY_MARGIN:.0%}"
+    best: dict[bool, tuple[int, MemoryEstimate]] = {}
+    for ckpt in modes:
+        for micro in sizes:  # largest first: the first that fits is the answer
+            est = estimate(micro, ckpt)
+            if est.total <= budget:
+                best[ckpt] = (micro, est)
+                break
+    if not best:  # the least memory: one example, checkpointing unless the spec says off
+        return choice(
+            sizes[-1],
+            modes[-1],
+            estimate(sizes[-1], modes[-1]),
+            False,
+            f"above {gib}: nothing smaller",
+        )
+    # "auto": checkpointing only when it lets a strictly larger micro-batch fit
+    ckpt = False not in best or (True in best and best[True][0] > best[False][0])
+    micro, est = best[ckpt]
+    given = "grad_accum as set" if spec.grad_accum is not None else "the largest that fits"
+    return choice(micro, ckpt, est, True, f"within {gib} ({given})")

@@ -122,10 +122,12 @@ class Settings(BaseSettings):
         512.0, gt=0,
         description="Most memory one training process of a job may need, as estimated from the "
         "base model's config.json, the adapter, precision, max_length, batch size and objective "
-        "(contract.memory): host RAM on CPU workers, device memory on GPUs. The estimate is a "
-        "worst case (every sequence max_length long; batches are padded to their longest), so "
-        "the default refuses only what no worker could run (the instruction preset's DPO on "
-        "SmolLM2 estimates ~133 GiB at max_length 1024); set it to the workers' memory.",
+        "(contract.memory): host RAM on CPU workers, device memory on GPUs. With grad_accum "
+        "unset the trainer picks the micro-batch, so a job is refused only when one example "
+        "per micro-batch (checkpointed) cannot fit within the cap less 10 % (the instruction "
+        "preset's DPO on SmolLM2 at max_length 1024 estimates ~75 GiB as one micro-batch of "
+        "32 pairs, ~3.8 GiB at one pair, checkpointed); a set grad_accum is priced as given. "
+        "The default refuses only what no worker could run; set it to the workers' memory.",
     )
 
     # --- evaluations (DESIGN.md §9) -------------------------------------------------------------

@@ -159,28 +159,63 @@ def test_step_counts_can_never_overflow_postgresql_int4(
 def test_a_job_over_the_memory_cap_is_422_naming_the_fields_and_the_estimate(
     client, team_a, train_file, queue, db_sessions, settings
 ):
-    """tiny-llama, 4 pairs of max_length 1024: about 0.74 GiB (mostly the process itself);
-    the same job at max_length 128 fits under a cap of 0.7 GiB."""
-    from contract.memory import BUILTIN_SHAPES, estimate_training_memory
+    """tiny-llama at max_length 1024: even one pair per micro-batch (checkpointed) estimates
+    about 0.64 GiB (mostly the process itself), over a cap of 0.7 GiB less its 10 % margin,
+    so the 422 names the length and the model, not the batch (the trainer splits that
+    itself); the same job at max_length 128 fits."""
+    from contract.memory import BUILTIN_SHAPES, GiB, estimate_training_memory
 
     settings.CAP_TRAIN_MEMORY_GIB = 0.7
     body = job_body(train_file, max_length=1024)
     r = client.post("/v1/jobs", headers=team_a.headers, json=body)
     assert r.status_code == 422, r.text
     err = r.json()["error"]
-    assert err["field"] == "batch_size"
-    estimate = estimate_training_memory(
+    assert err["field"] == "max_length"
+    smallest = estimate_training_memory(
         JobSpec.model_validate(body).resolved(),
         BUILTIN_SHAPES["tiny-llama"],
+        grad_accum=4,  # one pair of the 4 per micro-batch
+        checkpointing=True,
         training_file_bytes=len(PREFERENCE),
         training_records=4,
     )
-    assert f"about {estimate.gib:.1f} GiB" in err["message"] and "cap of 0.7 GiB" in err["message"]
-    assert "batch_size, grad_accum, max_length" in err["message"]
+    assert 0.63 * GiB < smallest.total < 0.7 * GiB  # under the cap, over it less the margin
+    message = err["message"]
+    assert f"about {smallest.gib:.1f} GiB" in message and "cap of 0.7 GiB" in message
+    assert "even one example per micro-batch with activation checkpointing" in message
+    assert "max_length, base_model" in message and "grad_accum" not in message
+    assert "lower max_length" in message
     assert [e["part"] for e in err["errors"]][:2] == ["activations", "logits"]
+    assert err["errors"][0]["fields"] == ["max_length", "base_model"]
     assert _rows(db_sessions) == 0 and queue.job_ids == []
     body = job_body(train_file, max_length=128, max_prompt_length=64)
     assert client.post("/v1/jobs", headers=team_a.headers, json=body).status_code == 201
+
+
+def test_a_job_whose_batch_fits_only_when_split_is_admitted_unless_grad_accum_is_set(
+    client, team_a, train_file, settings
+):
+    """4 pairs of 1024 tokens as one micro-batch estimate ~0.77 GiB, over a cap of 0.75 GiB
+    (less 10 %: 0.675); one pair per micro-batch fits, so the job is admitted and the trainer
+    splits it. A user who sets grad_accum 1 asks for the one micro-batch: 422, as before,
+    naming the batch and grad_accum."""
+    from contract.memory import BUILTIN_SHAPES, GiB, estimate_training_memory
+
+    settings.CAP_TRAIN_MEMORY_GIB = 0.75
+    body = job_body(train_file, max_length=1024)
+    whole = estimate_training_memory(
+        JobSpec.model_validate(body).resolved(), BUILTIN_SHAPES["tiny-llama"], grad_accum=1
+    )
+    assert whole.total > 0.75 * GiB
+    r = client.post("/v1/jobs", headers=team_a.headers, json=body)
+    assert r.status_code == 201, r.text
+    r = client.post("/v1/jobs", headers=team_a.headers, json={**body, "grad_accum": 1})
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["field"] == "batch_size" and "at grad_accum 1" in err["message"]
+    assert "raise grad_accum" in err["message"]
+    r = client.post("/v1/jobs", headers=team_a.headers, json={**body, "grad_accum": 4})
+    assert r.status_code == 201, r.text
 
 
 def test_the_memory_cap_reads_an_allowed_model_directorys_config(
