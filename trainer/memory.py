@@ -119,10 +119,11 @@ def write_micro_batch_file(
 
 def choose_micro_batch_here(
     spec: JobSpec, accelerator, model_dir: Path, out_dir: Path, resume: bool
-) -> MicroBatchChoice:
-    """The split of this process's share of the batch that fits its memory, the same on every
-    rank (the least memory of all ranks); at least the split an earlier attempt's out-of-memory
-    error asked for (MICRO_BATCH_FILE) when the spec leaves grad_accum unset."""
+) -> tuple[MicroBatchChoice, int]:
+    """(the split of this process's share of the batch that fits its memory, the memory in
+    bytes): the same on every rank (the least memory of all ranks); at least the split an
+    earlier attempt's out-of-memory error asked for (MICRO_BATCH_FILE) when the spec leaves
+    grad_accum unset."""
     world, device = accelerator.num_processes, accelerator.device
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # processes on this node
     room = least_across_ranks(available_bytes(device, local), device)
@@ -133,7 +134,7 @@ def choose_micro_batch_here(
     if spec.grad_accum is None and asked and asked > choice.grad_accum and per_process % asked == 0:
         pinned = spec.model_copy(update={"grad_accum": asked})
         choice = choose_micro_batch(pinned, shape, room, world=world, device=device.type)
-    return choice
+    return choice, room
 
 
 def after_out_of_memory(

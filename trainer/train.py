@@ -122,7 +122,9 @@ class Trainer:
         # Rows per forward: chosen from the estimate and the memory this process has, unless
         # the spec sets grad_accum (contract.memory.choose_micro_batch); before the model is
         # loaded, so a GPU's free memory is the whole budget.
-        self.memory = choose_micro_batch_here(spec, acc, self.model_dir, self.out_dir, resume)
+        self.memory, self.room = choose_micro_batch_here(
+            spec, acc, self.model_dir, self.out_dir, resume
+        )
         if not self.memory.fits:
             self.log.event("warning", f"the job may not fit in memory: {self.memory.reason}")
         self.data.set_accum(self.memory.grad_accum)
@@ -378,7 +380,7 @@ class Trainer:
             micro_batch=choice.micro_examples,
             activation_checkpointing=choice.activation_checkpointing,
             compile=self.compile,
-            memory_available_gib=round(choice.available / GiB, 2),
+            memory_available_gib=round(self.room / GiB, 2),
             memory_estimate_gib=round(choice.estimate.gib, 2),
         )
         if acc.is_main_process:
