@@ -178,3 +178,56 @@ def test_checkpointed_run_equals_the_plain_run(tmp_path, make_spec, loader, case
     train(spec, tmp_path / "on", progress=False)
     assert loader["recomputed"] > 0
     _same_run(tmp_path / "off", tmp_path / "on", 3)
+    _same_export(tmp_path / "off" / "final", tmp_path / "on" / "final", kw.get("adapter"))
+
+
+def _same_export(off: Path, on: Path, adapter) -> None:
+    """The same files, config and weight names; the checkpointed export loads with plain
+    transformers (full) or peft (LoRA) and holds the run's weights."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from trainer.modeling import resolve_model
+
+    assert sorted(p.name for p in off.iterdir()) == sorted(p.name for p in on.iterdir())
+    config = "adapter_config.json" if adapter else "config.json"
+    assert json.loads((on / config).read_text()) == json.loads((off / config).read_text())
+    name = "adapter_model.safetensors" if adapter else "model.safetensors"
+    w_off, w_on = load_file(off / name), load_file(on / name)
+    assert w_on.keys() == w_off.keys()
+    if adapter:
+        base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-llama"))
+        model = PeftModel.from_pretrained(base, on)
+        loaded = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+        assert len(loaded) == len(w_on)
+    else:
+        loaded = AutoModelForCausalLM.from_pretrained(on).state_dict()
+        for k, v in w_on.items():
+            assert torch.equal(loaded[k], v), k
+
+
+@pytest.mark.parametrize(
+    "sharded", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["ddp", "fsdp"]
+)
+def test_checkpointed_run_resumes_bitwise(tmp_path, make_spec, loader, sharded):
+    loader["on"] = True
+    spec = make_spec(
+        variant="offline+humanline",
+        max_steps=4,
+        checkpoint_every=2,
+        grad_accum=1,
+        optim={"lr": 3e-3, "warmup_ratio": 0.0},
+        quality_sample=0,
+    )
+    spec = _fsdp(spec) if sharded else spec
+    train(spec, tmp_path / "whole", progress=False)
+    shutil.copytree(
+        tmp_path / "whole" / "checkpoints" / "step-2", tmp_path / "part" / "checkpoints" / "step-2"
+    )
+    train(spec, tmp_path / "part", resume=True, progress=False)
+    assert loader["recomputed"] > 0
+    whole, resumed = _weights(tmp_path / "whole", 4), _weights(tmp_path / "part", 4)
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert not all(torch.equal(whole[k], _weights(tmp_path / "whole", 2)[k]) for k in whole)
+    scores = lambda out: [(m["loss"], m["grad_norm"]) for m in _metrics(out)[-2:]]  # noqa: E731
+    assert scores(tmp_path / "part") == scores(tmp_path / "whole")
