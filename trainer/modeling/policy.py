@@ -4,8 +4,8 @@ The policy is deterministic by construction: every model dropout is zeroed, so `
 ``eval()`` compute the same function and log-ratios against the reference are exact (only an
 explicit ``adapter.dropout`` adds noise). The KV cache is off (training never decodes) and
 activation checkpointing is off after loading; the trainer turns it on per job with
-:func:`set_activation_checkpointing`. LoRA wraps the model with peft, so the reference of a LoRA job is the same
-module with the adapter disabled, not a second copy.
+:func:`set_activation_checkpointing`. LoRA wraps the model with peft, so the reference of a
+LoRA job is the same module with the adapter disabled, not a second copy.
 """
 
 from __future__ import annotations
