@@ -65,7 +65,7 @@ def compile_layers(
             layer._compiled_call_impl = fallback.guard(layer)
     except Exception as exc:  # noqa: BLE001 - any failure to set up compile means eager
         _eager(layers)
-        return f"compile failed ({type(exc).__name__}: {exc}); training eagerly"
+        return f"compile failed ({_describe(exc)}); training eagerly"
     return None
 
 
@@ -115,10 +115,19 @@ class _Fallback:
 
     def _to_eager(self, exc: Exception) -> None:
         _eager(self.layers)
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        self.warn(f"compile failed ({type(exc).__name__}: {first_line}); training eagerly")
+        self.warn(f"compile failed ({_describe(exc)}); training eagerly")
 
 
 def _eager(layers: list[nn.Module]) -> None:
     for layer in layers:
         layer._compiled_call_impl = None
+
+
+def _describe(exc: BaseException) -> str:
+    """The error and its cause, first lines only (a backend's error is wrapped by dynamo)."""
+    parts = []
+    for e in (exc, getattr(exc, "inner_exception", None) or exc.__cause__):
+        if e is not None:
+            lines = str(e).strip().splitlines()
+            parts.append(f"{type(e).__name__}: {lines[0] if lines else ''}".strip())
+    return " <- ".join(parts)
