@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from contract.parallel import ParallelConfig
 from trainer.checkpoint import load_state
 from trainer.modeling import (
+    activation_checkpointing,
     load_trainable_state_dict,
     save_pretrained_weights,
     trainable_state_dict,
@@ -72,7 +73,16 @@ class Replicated:
             return_freed_memory()
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        self._fit_layout(model)
         return self.acc.prepare(model)
+
+    def _fit_layout(self, model: nn.Module) -> None:
+        """Checkpointed layers run without a KV cache (transformers' GradientCheckpointingLayer
+        drops `past_key_values` in train mode, grad or not), and the shared-prompt layout
+        passes the prompt to the rows through that cache: with checkpointing every batch takes
+        the one-pass layout, on every rank (the prompt's tokens are computed once per row)."""
+        if activation_checkpointing(model):
+            self.share_prompts = False
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer):
         return self.acc.prepare(optimizer)
@@ -133,6 +143,7 @@ class Sharded(Replicated):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.reshard = config.reshard_after_forward
+        self.precision = accelerator.mixed_precision  # what the trainer autocasts to: bf16|fp16|no
         self.own_group = not dist.is_initialized()
         if self.own_group:  # started alone: a one-process group on this device
             backend = "nccl" if accelerator.device.type == "cuda" else "gloo"
@@ -141,7 +152,8 @@ class Sharded(Replicated):
 
     # ---- wrapping ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
-        shard(model, self.mesh, self.reshard)
+        self._fit_layout(model)
+        shard(model, self.mesh, self.reshard, self.precision)
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer):
@@ -227,7 +239,7 @@ class Sharded(Replicated):
         with torch.device("meta"):
             clone = base(model.config)
         clone.eval().requires_grad_(False)
-        shard(clone, self.mesh, self.reshard)
+        shard(clone, self.mesh, self.reshard, self.precision)
         clone.to_empty(device=self.acc.device)
         with torch.no_grad():
             for (name, src), (other, dst) in zip(
@@ -286,16 +298,35 @@ def make_parallel(config: ParallelConfig, accelerator) -> Replicated:
     return Sharded(accelerator, config) if config.fsdp else Replicated(accelerator)
 
 
-def shard(model: nn.Module, mesh, reshard_after_forward: bool) -> None:
-    """fully_shard every decoder layer, then the root (embeddings, final norm, the head)."""
-    from torch.distributed.fsdp import fully_shard
+def shard(model: nn.Module, mesh, reshard_after_forward: bool, precision: str = "no") -> None:
+    """fully_shard every decoder layer, then the root (embeddings, final norm, the head).
 
+    `precision` "bf16" (the spec's precision, as accelerate's `mixed_precision` names it):
+    FSDP2's MixedPrecisionPolicy all-gathers the weights in bf16, so each weight is cast once
+    per gather instead of by autocast in every op that reads it, and reduce-scatters (and
+    accumulates, without sync) the gradients in fp32; the sharded fp32 master weights and
+    AdamW are unchanged. Norm weights are bf16 too (under autocast alone they stay fp32), a
+    bf16-rounding difference from DDP. It also gives LoRA's mixed layers (bf16 base, fp32
+    adapter) the one all-gather dtype FSDP2 requires. Other precisions: weights as stored.
+
+    Activation checkpointing (trainer.modeling.set_activation_checkpointing) and compile
+    (trainer.modeling.compile_layers) are set on the layers before this, as torch's FSDP2
+    recipe (torchtitan) orders them.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if precision == "bf16"
+        else MixedPrecisionPolicy()
+    )
+    kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward, "mp_policy": mp}
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     layer_types = set(getattr(base, "_no_split_modules", None) or ())
     for module in list(model.modules()):
         if type(module).__name__ in layer_types:
-            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(module, **kw)
+    fully_shard(model, **kw)
 
 
 # ---- helpers ------------------------------------------------------------------------------------

@@ -191,3 +191,51 @@ def test_two_processes_lora_match_one_and_export_loads_with_peft(
     assert exported.keys() == trained.keys()
     for k, v in trained.items():
         assert torch.equal(exported[k], v), k
+
+
+@pytest.mark.parametrize("adapter", [{"kind": "none"}, LORA], ids=["full", "lora"])
+def test_one_process_bf16_fsdp_casts_once_per_gather_and_matches_ddp(
+    tmp_path, make_spec, monkeypatch, adapter
+):
+    """bf16 jobs shard with FSDP2's MixedPrecisionPolicy (bf16 all-gather, fp32 reduction):
+    the layers see bf16 weights (under autocast alone they would be fp32), master weights stay
+    fp32, and the run matches the bf16 DDP run to bf16 rounding. LoRA (a bf16 base, fp32
+    adapters: its base weights are bf16 either way) checks the policy composes with peft."""
+    import trainer.distributed as distributed
+
+    seen: list[torch.dtype] = []
+    real_shard = distributed.shard
+
+    def shard(model, *args):
+        real_shard(model, *args)
+        if not seen:  # the policy, not the frozen copy
+            layer = next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer"))
+            layer.register_forward_pre_hook(
+                lambda m, _: seen.append(m.self_attn.q_proj.base_layer.weight.dtype
+                                         if hasattr(m.self_attn.q_proj, "base_layer")
+                                         else m.self_attn.q_proj.weight.dtype)
+            )  # fmt: skip
+
+    monkeypatch.setattr(distributed, "shard", shard)
+    spec = make_spec(
+        variant="offline+humanline",
+        adapter=adapter,
+        precision="bf16",
+        max_steps=3,
+        grad_accum=1,
+        optim={"lr": 3e-3, "warmup_ratio": 0.0},
+        quality_sample=0,
+    )
+    train(spec, tmp_path / "plain", progress=False)
+    result = train(fsdp(spec), tmp_path / "fsdp", progress=False)
+    assert result.status == "succeeded"
+    assert seen and set(seen) == {torch.bfloat16}
+    plain, sharded = metrics(tmp_path / "plain"), metrics(tmp_path / "fsdp")
+    assert plain[-1]["loss"] != plain[0]["loss"]  # it trained
+    for a, b in zip(plain, sharded, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=2e-2, abs=1e-2)
+    final = weights(tmp_path / "fsdp", 3)
+    assert {v.dtype for k, v in final.items() if adapter["kind"] == "none" or "lora" in k} == {
+        torch.float32
+    }  # fp32 master weights
+    assert_close(weights(tmp_path / "plain", 3), final, atol=2e-2)

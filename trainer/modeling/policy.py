@@ -3,9 +3,9 @@
 The policy is deterministic by construction: every model dropout is zeroed, so ``train()`` and
 ``eval()`` compute the same function and log-ratios against the reference are exact (only an
 explicit ``adapter.dropout`` adds noise). The KV cache is off (training never decodes) and
-activation checkpointing is off (the models we train on CPU are small; a recipe that needs it
-can turn it on). LoRA wraps the model with peft, so the reference of a LoRA job is the same
-module with the adapter disabled, not a second copy.
+activation checkpointing is off after loading; the trainer turns it on per job with
+:func:`set_activation_checkpointing`. LoRA wraps the model with peft, so the reference of a
+LoRA job is the same module with the adapter disabled, not a second copy.
 """
 
 from __future__ import annotations
@@ -96,19 +96,55 @@ def activation_checkpointing(model: nn.Module) -> bool:
     transformers 5.23 renamed gradient checkpointing to activation checkpointing; vLLM 0.32
     (the pinned sampler) caps transformers below 5.20, and the GPU hosts here carry 5.17. The
     name is looked up on the class so the deprecated property is never called where the new
-    one exists.
+    one exists. A peft model answers for its base model.
     """
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if isinstance(getattr(type(model), name, None), property):
-            return bool(getattr(model, name))
+        if isinstance(getattr(type(base), name, None), property):
+            return bool(getattr(base, name))
     return False
 
 
+def set_activation_checkpointing(model: nn.Module, on: bool) -> None:
+    """Recompute each decoder layer's activations in backward (``on``), or keep them (off).
+
+    transformers' own per-layer mechanism (``GradientCheckpointingLayer``): a layer that is in
+    train mode runs its ``__call__`` inside ``torch.utils.checkpoint``, non-reentrant, so only
+    the layer's input is kept and the layer's forward runs again in backward. Our policy stays
+    in train mode with dropout zeroed, so the recompute gives bitwise the same activations.
+    Under ``no_grad`` (the reference, the lookahead, data scoring) nothing is saved, so nothing
+    is recomputed: checkpointing only costs the training forward, once more (~1/3 of a step).
+
+    Non-reentrant checkpointing needs no input that requires grad, so the embedding hook
+    transformers (and peft, for reentrant checkpointing) adds for that is removed: with LoRA
+    it would only make backward compute an unused gradient for the embeddings' output.
+
+    FSDP2: this wraps the layer's whole ``__call__``, so ``fully_shard``'s hooks run inside the
+    checkpointed region; FSDP2 supports that (its pre/post-forward hooks do nothing during the
+    recompute, the pre-backward hook has already gathered the weights). We use it rather than
+    torch's ``checkpoint_wrapper`` because the wrapper inserts ``_checkpoint_wrapped_module.``
+    into every parameter name, which our checkpoints, exports and the FSDP frozen copy (all
+    keyed by ``named_parameters``/``state_dict``) would each have to strip. One mechanism for
+    DDP and FSDP, names unchanged. Call it before wrapping (DDP) or sharding (FSDP2).
+    """
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    names = ("activation_checkpointing", "gradient_checkpointing")  # transformers 5.23 renamed it
+    name = next((n for n in names if hasattr(type(base), f"{n}_enable")), None)
+    if name is None:
+        if on:
+            raise ValueError(f"{type(base).__name__} has no activation checkpointing")
+        return
+    if not on:
+        getattr(base, f"{name}_disable")()
+        return
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support activation checkpointing")
+    getattr(base, f"{name}_enable")({"use_reentrant": False})
+    base.disable_input_require_grads()
+
+
 def _disable_activation_checkpointing(model: nn.Module) -> None:
-    for name in ("activation_checkpointing_disable", "gradient_checkpointing_disable"):
-        if hasattr(type(model), name):
-            getattr(model, name)()
-            return
+    set_activation_checkpointing(model, False)
 
 
 def _zero_config_dropout(config: object) -> None:
