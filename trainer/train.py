@@ -131,12 +131,18 @@ class Trainer:
         self.compile = spec.compiles_on(acc.device.type)
 
         model = load_policy(spec, self.model_dir)
-        for warning in apply_model_options(
+        # per-layer recompute in backward and regional compile; a compile that fails (now or
+        # at a first forward) falls back to eager with a warning event, never a failed job
+        def warn(message: str) -> None:
+            self.log.event("warning", message)
+
+        for message in apply_model_options(
             model,
             checkpointing=self.memory.activation_checkpointing,
             compile=self.compile,
+            warn=warn,
         ):
-            self.log.event("warning", warning)
+            warn(message)
         # DDP (accelerate) or FSDP2 (sharded in place, so the optimizer is made afterwards)
         self.parallel = make_parallel(spec.parallelism, acc)
         self.unwrapped = model
