@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.sampling.gathered import adapter_weights, is_sharded
 from trainer.sampling.types import (
     Completion,
     Prompt,
@@ -55,10 +56,10 @@ from trainer.sampling.vllm_params import (
 log = logging.getLogger(__name__)
 
 
-def _load_into_model(items: list[tuple[str, torch.Tensor]], model: nn.Module) -> int:
+def _load_into_model(items: Iterator[tuple[str, torch.Tensor]], model: nn.Module) -> int:
     """Runs inside the vLLM worker (via ``apply_model``): vLLM's own checkpoint loader."""
-    loaded = model.load_weights(iter(items))
-    return len(loaded) if loaded is not None else len(items)
+    loaded = model.load_weights(items)
+    return len(loaded) if loaded is not None else -1
 
 
 class VLLMSampler:
@@ -209,7 +210,9 @@ class VLLMSampler:
 
         self._round += 1
         path = self._adapter_root / f"round-{self._round}"
-        peft_model.save_pretrained(path)
+        # a sharded adapter is gathered whole first (small: the base is never sent)
+        state = adapter_weights(peft_model) if is_sharded(peft_model) else None
+        peft_model.save_pretrained(path, state_dict=state)
         self._lora_request = LoRARequest(f"policy-{self._round}", self._round, str(path))
         stale = self._adapter_root / f"round-{self._round - 2}"  # the previous one may be cached
         shutil.rmtree(stale, ignore_errors=True)
