@@ -69,6 +69,9 @@ def assert_same_losses(a: list[dict], b: list[dict], rel: float) -> None:
 def test_one_process_online_fsdp_samples_and_trains_like_the_plain_run(
     tmp_path, monkeypatch, prompt_file, reward_model_dir, adapter
 ):
+    """The copy's construction (architecture, adapter, tied head, buffers) and the job's
+    plumbing. On one rank full_tensor() returns a view of the shard, so the copy follows the
+    weights whatever happens: that each round gathers afresh is the two-process test's."""
     spec = spec_for(prompt_file, reward_model_dir, adapter)
     seen = record_samples(monkeypatch)
     train_mod.train(spec, tmp_path / "plain", progress=False)
@@ -112,8 +115,9 @@ def test_two_process_online_fsdp_samples_and_trains_like_ddp(
     """Round 1 samples from the initial weights on both: the very same tokens. Losses agree
     to 1e-4 relative: the DDP and FSDP gradients differ by their reduction order (~1e-7), which
     Adam's normalised steps carry into the weights at ~lr x 1e-4 (test_fsdp bounds the weights
-    at 2e-5). Later rounds sample from those weights; they match here too, but a token whose
-    two top probabilities are within ~1e-6 could flip, so only round 1 is the contract."""
+    at 2e-5). Round 2 samples from the trained weights (a stale copy fails step 4's loss:
+    0.6722 against 0.6797); its tokens match here too, but one whose two top probabilities
+    are within ~1e-6 could flip, so only round 1's tokens are compared."""
     spec = spec_for(prompt_file, reward_model_dir, adapter)
     ddp = run_two(spec, tmp_path / "ddp")
     sharded = run_two(fsdp(spec), tmp_path / "fsdp")

@@ -90,7 +90,9 @@ class VLLMSampler:
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         launch, env = external_launch(*_world(), os.environ)
-        self._joined_group = bool(launch)  # vLLM runs on the trainer's process group
+        # vLLM runs on the trainer's process group: several processes (external_launcher), or
+        # one FSDP process's own group (trainer.distributed.Sharded), which vLLM adopts
+        self._joined_group = bool(launch) or _group_exists()
         os.environ.update(env)
         from vllm import LLM
 
@@ -275,17 +277,23 @@ def _caller_threads_kept() -> Iterator[None]:
 @contextlib.contextmanager
 def _keeping_process_group(keep: bool) -> Iterator[None]:
     """vLLM's engine shutdown tears down "its" distributed state, the default process group
-    included (vllm 0.32, ``cleanup_dist_env_and_memory``). Under ``external_launcher`` that
-    group is the trainer's, still needed after sampling (checkpoints, the final barrier): only
-    vLLM's own model-parallel groups are destroyed then."""
+    included (vllm 0.32, ``cleanup_dist_env_and_memory``). Under ``external_launcher`` (or one
+    FSDP process's own group) that group is the trainer's, still needed after sampling
+    (checkpoints, the export's gathers, the final barrier): only vLLM's own groups (model
+    parallel, and its world's subgroups) are destroyed then, so that another engine may start
+    in this process later (a stale vLLM world would point at freed groups)."""
     if not keep:
         yield
         return
-    from vllm.distributed.parallel_state import destroy_model_parallel
+    from vllm.distributed import parallel_state
     from vllm.v1.engine import core
 
     def cleanup(*args: Any, **kwargs: Any) -> None:
-        destroy_model_parallel()
+        parallel_state.destroy_model_parallel()
+        world = parallel_state._WORLD
+        if world is not None:  # its groups are new_group()s beside the trainer's: ours to free
+            world.destroy()
+            parallel_state._WORLD = None
         gc.collect()
 
     real = core.cleanup_dist_env_and_memory
@@ -304,6 +312,12 @@ def _generation_config(model_dir: Path) -> Any:
         return GenerationConfig.from_pretrained(model_dir)
     except OSError:  # none shipped
         return None
+
+
+def _group_exists() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _world() -> tuple[int, int]:
