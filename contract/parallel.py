@@ -10,7 +10,9 @@ Torch-free (the API validates with it). Two strategies, both on the same launche
   process; the result equals DDP's (same global batch, same data order). Works with full
   fine-tuning and LoRA, with every reference strategy (humanline syncing included), on GPUs
   (NCCL) and CPUs (gloo), and with one process (the FSDP code path on one device).
-  Offline data only: online sampling needs the whole policy on every rank; fp32 or bf16.
+  Offline and online data: each online round gathers the policy's weights whole, one tensor
+  at a time, into every rank's sampler (trainer.sampling.gathered), whose decoding is then
+  local. fp32 or bf16.
 
 `reshard_after_forward` (FSDP only): free the gathered weights after each layer's forward and
 gather them again for backward (ZeRO-3, least memory, the default) or keep them until backward
@@ -41,11 +43,6 @@ class ParallelConfig(BaseModel):
 
 def _fits_job(value: ParallelConfig, info: ValidationInfo) -> ParallelConfig:
     """Checks against the fields validated before it (`parallelism` is JobSpec's last field)."""
-    if value.fsdp and info.data.get("data_source") == "online":
-        raise ValueError(
-            "strategy 'fsdp' trains on offline data only (online sampling needs the whole "
-            "policy on every process); use strategy 'ddp' for online jobs"
-        )
     if value.fsdp and info.data.get("precision") == "fp16":
         raise ValueError(
             "strategy 'fsdp' trains in fp32 or bf16; fp16 needs a gradient scaler "

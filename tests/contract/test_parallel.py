@@ -29,10 +29,6 @@ def test_default_is_ddp_and_fsdp_is_accepted():
     [
         ({"parallelism": {"strategy": "zero3"}}, "parallelism.strategy"),
         ({"parallelism": {"strategy": "fsdp", "cpu_offload": True}}, "parallelism.cpu_offload"),
-        (
-            {"parallelism": {"strategy": "fsdp"}, "variant": "online", "max_steps": 2},
-            "offline data only",
-        ),
         ({"parallelism": {"strategy": "fsdp"}, "precision": "fp16"}, "use precision 'bf16'"),
     ],
 )
@@ -43,9 +39,8 @@ def test_invalid_parallelism_is_rejected_with_the_field(kw, where):
     assert "parallelism" in str(err.value)
 
 
-def test_online_and_fp16_stay_fine_with_ddp():
-    assert (
-        spec(variant="online", max_steps=2, parallelism={"strategy": "ddp"}).parallelism.strategy
-        == "ddp"
-    )
+def test_online_is_fine_with_both_and_fp16_with_ddp():
+    for strategy in ("ddp", "fsdp"):
+        online = spec(variant="online", max_steps=2, parallelism={"strategy": strategy})
+        assert online.parallelism.strategy == strategy and online.data_source == "online"
     assert spec(precision="fp16").parallelism.strategy == "ddp"

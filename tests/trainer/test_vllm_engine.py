@@ -237,3 +237,31 @@ def test_lora_reload_after_optimizer_steps_follows_the_policy(tied_model_dir, to
         assert [g[0].token_ids for g in got] == [g[0].token_ids for g in want]
     finally:
         sampler.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_a_sharded_policy_reaches_the_engine_whole(tied_model_dir, tokenizer, adapter):
+    """FSDP2 (a one-rank mesh in this process): the engine starts from the sharded policy and,
+    after optimizer steps on the shards, serves exactly the policy's current weights (its
+    log-probs are the sharded policy's own), gathered one tensor at a time for full models
+    and as a gathered adapter for LoRA."""
+    from accelerate import Accelerator
+
+    from contract.parallel import ParallelConfig
+    from trainer.distributed import Sharded
+
+    policy = policy_for(tied_model_dir, adapter)
+    parallel = Sharded(Accelerator(cpu=True), ParallelConfig(strategy="fsdp"))
+    parallel.wrap(policy)
+    policy.eval()
+    sampler = make_sampler("vllm", tied_model_dir, tokenizer, policy=policy, **vllm_options())
+    try:
+        assert_follows(sampler, policy, LONG[:40])
+        optimizer_steps(policy)
+        sampler.load_weights(policy)
+        assert_follows(sampler, policy, LONG[:40])
+        assert_follows(sampler, policy, LONG[:40], temperature=1.0, seed=3)
+    finally:
+        sampler.close()
+        parallel.close()

@@ -80,3 +80,29 @@ def test_online_grpo_job_samples_through_vllm(
     assert [r["step"] for r in rows] == [1, 2]
     assert all("round/index" in r and r["round/examples"] >= 4 for r in rows)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_online_fsdp_job_samples_through_vllm_like_the_plain_job(
+    tmp_path, monkeypatch, prompt_file, reward_model_dir, tied_model_dir, adapter
+):
+    """One FSDP process (its own one-rank group, which vLLM adopts and must leave for the
+    export): the engine is fed the sharded policy's gathered weights (full) or its gathered
+    adapter (LoRA) every round, so both rounds sample what the unsharded job samples."""
+    from tests.trainer.test_fsdp import fsdp
+    from tests.trainer.test_online_fsdp import record_samples
+
+    options = vllm_options()
+    options.pop("max_model_len")
+    body = vllm_grpo_spec(tied_model_dir, prompt_file, reward_model_dir, 8, options)
+    # grad_accum fixed: both jobs split their batches alike, whatever the trainer picks
+    spec = JobSpec.model_validate({**body, "adapter": {"kind": adapter, "r": 4}, "grad_accum": 1})
+    seen = record_samples(monkeypatch)
+    train_mod.train(spec, tmp_path / "plain", progress=False)
+    plain = seen[:]
+    seen.clear()
+    result = train_mod.train(fsdp(spec), tmp_path / "fsdp", progress=False)
+    assert (result.status, result.step) == ("succeeded", 2)
+    assert seen == plain and len(plain) >= 2  # a round per step
+    assert (tmp_path / "fsdp" / "final").is_dir()

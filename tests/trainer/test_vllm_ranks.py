@@ -22,15 +22,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_sample_with_their_own_engines(
     tmp_path,
     prompt_file,
     reward_model_dir,
     tied_model_dir,
+    strategy,
 ):
+    """FSDP: every rank's engine is fed the policy gathered from both ranks' shards, one
+    tensor at a time, inside vLLM's reload (a collective: both ranks push together)."""
     vllm = {"kv_cache_gib": 0.0625, "enforce_eager": True}
     spec = vllm_grpo_spec(tied_model_dir, prompt_file, reward_model_dir, 8, vllm)
     spec["quality_sample"] = 0
+    spec["grad_accum"] = 1
+    spec["parallelism"] = {"strategy": strategy}
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -182,7 +182,9 @@ class OnlineData:
             prompt_ids = [self.prompt_ids[i] for i in picked]
             examples.extend(self.recipe.from_samples(groups, prompt_ids, self.chat, cfg))
         policy.train(was_training)
-        if hasattr(sampler, "sleep"):  # vLLM: hand its memory to training until next round
+        # vLLM: hand its memory to training until the next round; transformers: drop the copy
+        # a sharded policy was gathered into (trainer.sampling.gathered)
+        if hasattr(sampler, "sleep"):
             sampler.sleep()
         if len(examples) < batch:
             raise RuntimeError(

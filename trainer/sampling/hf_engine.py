@@ -3,6 +3,10 @@
 It needs no second copy of the weights and no weight transfer (it samples from the very module
 being trained), at the cost of throughput: no paged KV cache, no continuous batching, and
 finished rows keep padding until the longest row in their chunk stops.
+
+An FSDP2-sharded policy is the exception: its forwards are collective, so each rank samples
+from a whole copy gathered at the round's start (trainer.sampling.gathered) and freed by
+``sleep`` at the round's end, so training never holds it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from contract.memory import SAMPLER_ROWS
 from trainer.modeling import load_trainable_state_dict
+from trainer.sampling.gathered import is_sharded, unsharded_copy
 from trainer.sampling.types import (
     Completion,
     Prompt,
@@ -38,7 +43,9 @@ class HFSampler:
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, max_batch_rows: int = SAMPLER_ROWS):
-        self.model = model
+        # a sharded policy is gathered by load_weights, at the round's start (collective)
+        self.model: nn.Module | None = None if is_sharded(model) else model
+        self.gathered = False  # whether self.model is our own gathered copy
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self._stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
@@ -57,15 +64,30 @@ class HFSampler:
 
         A state dict goes in through :func:`trainer.modeling.load_trainable_state_dict` (strict
         keys, in place). When this sampler holds the live policy, that *is* loading the policy,
-        so the usual call with the live policy is a no-op rebind.
+        so the usual call with the live policy is a no-op rebind. An FSDP2-sharded policy is
+        gathered into a whole copy instead (a collective: every rank calls this together).
         """
         if isinstance(model_or_state, nn.Module):
-            self.model = model_or_state
+            self.model = None  # free the previous copy before gathering the next
+            self.gathered = is_sharded(model_or_state)
+            self.model = unsharded_copy(model_or_state) if self.gathered else model_or_state
         else:
-            load_trainable_state_dict(self.model, model_or_state)
+            load_trainable_state_dict(self._model(), model_or_state)
+
+    def sleep(self) -> None:
+        """Between rounds: drop a gathered copy (training gets its memory back; the next
+        ``load_weights`` gathers the policy again). The live policy is kept: it is not ours."""
+        if self.gathered:
+            self.model = None
 
     def close(self) -> None:
-        """Nothing to release (the module belongs to the caller); here for symmetry with vLLM."""
+        """Drop a gathered copy; the live policy belongs to the caller."""
+        self.sleep()
+
+    def _model(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError("the policy is sharded: load_weights(policy) gathers it first")
+        return self.model
 
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[list[Completion]]:
@@ -73,9 +95,10 @@ class HFSampler:
         per_prompt = params.decoded_per_prompt
         chunk = max(1, self.max_batch_rows // per_prompt)
         out: list[list[Completion]] = []
-        was_training = self.model.training
-        self.model.eval()
-        device = _device_of(self.model)
+        model = self._model()
+        was_training = model.training
+        model.eval()
+        device = _device_of(model)
         devices = [device.index or 0] if device.type == "cuda" else []
         try:
             with torch.random.fork_rng(devices=devices):
@@ -84,14 +107,14 @@ class HFSampler:
                     ids = encoded[start : start + chunk]
                     out.extend(self._chunk(ids, start, params, device))
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         return out
 
     def _chunk(
         self, prompts: list[list[int]], first_index: int, params: SamplingParams, device
     ) -> list[list[Completion]]:
         input_ids, attention = _left_pad(prompts, self._pad_id, device)
-        rows = self.model.generate(
+        rows = self._model().generate(
             input_ids=input_ids,
             attention_mask=attention,
             generation_config=self._config(params),

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.sampling.gathered import adapter_weights, is_sharded
 from trainer.sampling.types import (
     Completion,
     Prompt,
@@ -55,10 +56,10 @@ from trainer.sampling.vllm_params import (
 log = logging.getLogger(__name__)
 
 
-def _load_into_model(items: list[tuple[str, torch.Tensor]], model: nn.Module) -> int:
+def _load_into_model(items: Iterator[tuple[str, torch.Tensor]], model: nn.Module) -> int:
     """Runs inside the vLLM worker (via ``apply_model``): vLLM's own checkpoint loader."""
-    loaded = model.load_weights(iter(items))
-    return len(loaded) if loaded is not None else len(items)
+    loaded = model.load_weights(items)
+    return len(loaded) if loaded is not None else -1
 
 
 class VLLMSampler:
@@ -89,7 +90,9 @@ class VLLMSampler:
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         launch, env = external_launch(*_world(), os.environ)
-        self._joined_group = bool(launch)  # vLLM runs on the trainer's process group
+        # vLLM runs on the trainer's process group: several processes (external_launcher), or
+        # one FSDP process's own group (trainer.distributed.Sharded), which vLLM adopts
+        self._joined_group = bool(launch) or _group_exists()
         os.environ.update(env)
         from vllm import LLM
 
@@ -209,7 +212,9 @@ class VLLMSampler:
 
         self._round += 1
         path = self._adapter_root / f"round-{self._round}"
-        peft_model.save_pretrained(path)
+        # a sharded adapter is gathered whole first (small: the base is never sent)
+        state = adapter_weights(peft_model) if is_sharded(peft_model) else None
+        peft_model.save_pretrained(path, state_dict=state)
         self._lora_request = LoRARequest(f"policy-{self._round}", self._round, str(path))
         stale = self._adapter_root / f"round-{self._round - 2}"  # the previous one may be cached
         shutil.rmtree(stale, ignore_errors=True)
@@ -272,17 +277,23 @@ def _caller_threads_kept() -> Iterator[None]:
 @contextlib.contextmanager
 def _keeping_process_group(keep: bool) -> Iterator[None]:
     """vLLM's engine shutdown tears down "its" distributed state, the default process group
-    included (vllm 0.32, ``cleanup_dist_env_and_memory``). Under ``external_launcher`` that
-    group is the trainer's, still needed after sampling (checkpoints, the final barrier): only
-    vLLM's own model-parallel groups are destroyed then."""
+    included (vllm 0.32, ``cleanup_dist_env_and_memory``). Under ``external_launcher`` (or one
+    FSDP process's own group) that group is the trainer's, still needed after sampling
+    (checkpoints, the export's gathers, the final barrier): only vLLM's own groups (model
+    parallel, and its world's subgroups) are destroyed then, so that another engine may start
+    in this process later (a stale vLLM world would point at freed groups)."""
     if not keep:
         yield
         return
-    from vllm.distributed.parallel_state import destroy_model_parallel
+    from vllm.distributed import parallel_state
     from vllm.v1.engine import core
 
     def cleanup(*args: Any, **kwargs: Any) -> None:
-        destroy_model_parallel()
+        parallel_state.destroy_model_parallel()
+        world = parallel_state._WORLD
+        if world is not None:  # its groups are new_group()s beside the trainer's: ours to free
+            world.destroy()
+            parallel_state._WORLD = None
         gc.collect()
 
     real = core.cleanup_dist_env_and_memory
@@ -301,6 +312,12 @@ def _generation_config(model_dir: Path) -> Any:
         return GenerationConfig.from_pretrained(model_dir)
     except OSError:  # none shipped
         return None
+
+
+def _group_exists() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _world() -> tuple[int, int]:

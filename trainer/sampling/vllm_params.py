@@ -6,13 +6,12 @@ as the engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from trainer.modeling.policy import trainable_state_dict_keys
 from trainer.sampling.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -53,22 +52,21 @@ def completion_from_vllm(prompt_index: int, output: Any, stop_ids: list[int]) ->
     return Completion(prompt_index, output.text, ids, reason)
 
 
-def hf_weight_items(state: dict[str, torch.Tensor] | nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs under the Hugging Face names vLLM's loader expects.
+def hf_weight_items(
+    state: dict[str, torch.Tensor] | nn.Module,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs under the Hugging Face names vLLM's loader expects, lazily.
 
     A module contributes its parameters and persistent buffers, tied aliases once (vLLM skips a
-    tied ``lm_head`` itself). DDP/FSDP wrappers must be unwrapped by the caller.
+    tied ``lm_head`` itself). DDP wrappers must be unwrapped by the caller. An FSDP2-sharded
+    module's tensors are gathered one at a time as vLLM's loader asks for them (a collective:
+    every rank pushes together, and the whole model is never gathered at once).
     """
     if isinstance(state, nn.Module):
-        keys = set(trainable_state_dict_keys(state))  # no copies: a GPU policy stays put
-        state = {k: v for k, v in state.state_dict().items() if k in keys}
-    return [(name, _full(tensor.detach())) for name, tensor in state.items()]
+        from trainer.sampling.gathered import full_weights
 
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """An FSDP2 shard (DTensor) gathered whole (a collective: every rank pushes together)."""
-    full = getattr(tensor, "full_tensor", None)
-    return full() if full is not None else tensor
+        return full_weights(state)  # no copies: a GPU policy stays put
+    return ((name, tensor.detach()) for name, tensor in state.items())
 
 
 def lora_rank(policy: nn.Module | None) -> int | None:
