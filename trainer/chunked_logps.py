@@ -30,9 +30,9 @@ CHUNK_BYTES = 256 * 2**20  # fp32 logits per chunk: small beside a GPU, big enou
 MIN_CHUNK = 64  # tokens: below this a huge vocabulary would make the matmuls too thin
 
 
-def chunk_tokens(vocab: int, budget: int = CHUNK_BYTES) -> int:
-    """Tokens per chunk: as many as keep one chunk's fp32 logits within `budget` bytes."""
-    return max(MIN_CHUNK, budget // (4 * vocab))
+def chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk: as many as keep one chunk's fp32 logits within CHUNK_BYTES."""
+    return max(MIN_CHUNK, CHUNK_BYTES // (4 * vocab))
 
 
 def chunked_logps(
@@ -48,10 +48,7 @@ def chunked_logps(
         raise ValueError(f"hidden states and labels do not match: {shapes}")
     if chunk is None:
         chunk = chunk_tokens(weight.shape[0])
-    flat = _ChunkedLogps.apply(
-        h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), float(temperature), int(chunk)
-    )
-    return flat.view(labels.shape)
+    return _ChunkedLogps.apply(h, weight, labels, float(temperature), int(chunk))
 
 
 def _compute_dtype(h: Tensor, weight: Tensor) -> torch.dtype:
@@ -71,35 +68,40 @@ def _logits(h: Tensor, w: Tensor, temperature: float) -> Tensor:
 
 
 class _ChunkedLogps(torch.autograd.Function):
-    """h [M, H], weight [V, H], labels [M] -> [M] fp32 log-probs; saves h, weight, labels, lse."""
+    """h [..., H], weight [V, H], labels [...] -> [...] fp32 log-probs; saves h, weight, labels
+    and the logsumexp. Works on flat [M, H] views inside and returns a fresh tensor, not a view
+    (FSDP2 warns about a module returning views: an in-place op on one skips its hooks)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, h: Tensor, weight: Tensor, labels: Tensor, temperature: float, chunk: int
     ) -> Tensor:
         dtype = _compute_dtype(h, weight)
-        out = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
-        lse = torch.empty_like(out)
+        out = torch.empty(labels.shape, dtype=torch.float32, device=h.device)
+        picked, lse = out.view(-1), torch.empty(labels.numel(), device=h.device)
+        flat_h, flat_labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
         with torch.autocast(h.device.type, enabled=False):
             w = weight.to(dtype)
-            for s in range(0, h.shape[0], chunk):
-                logits = _logits(h[s : s + chunk].to(dtype), w, temperature)
+            for s in range(0, flat_h.shape[0], chunk):
+                logits = _logits(flat_h[s : s + chunk].to(dtype), w, temperature)
                 lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
-                out[s : s + chunk] = logits.gather(1, labels[s : s + chunk, None]).squeeze(1)
-        ctx.save_for_backward(h, weight, labels, lse)
+                picked[s : s + chunk] = logits.gather(1, flat_labels[s : s + chunk, None])[:, 0]
+        ctx.save_for_backward(h, weight, flat_labels, lse)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
-        return out.sub_(lse)
+        picked.sub_(lse)
+        return out
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
         (g,) = grads
-        h, weight, labels, lse = ctx.saved_tensors
+        h_in, weight, labels, lse = ctx.saved_tensors
+        h = h_in.reshape(-1, h_in.shape[-1])
         need_h, need_w = ctx.needs_input_grad[:2]
         temperature, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
         grad_h = torch.empty_like(h) if need_h else None
         # fp32 sum over chunks (one [V, H] buffer), cast to the weight's dtype once at the end
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if need_w else None
-        scale = g.float() / temperature  # d(logits / T) / d logits = 1 / T
+        scale = g.reshape(-1).float() / temperature  # d(logits / T) / d logits = 1 / T
         with torch.autocast(h.device.type, enabled=False):
             w = weight.to(dtype)
             for s in range(0, h.shape[0], chunk):
@@ -118,4 +120,6 @@ class _ChunkedLogps(torch.autograd.Function):
                     grad_w.add_(grad.T @ hs)
         if grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
+        if grad_h is not None:
+            grad_h = grad_h.view(h_in.shape)
         return grad_h, grad_w, None, None, None

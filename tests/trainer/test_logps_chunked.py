@@ -124,6 +124,7 @@ def _small_chunks(monkeypatch):
     """7 tokens per chunk at tiny-llama's 512-word vocabulary: every batch spans several chunks."""
     monkeypatch.setattr(chunked, "MIN_CHUNK", 1)
     monkeypatch.setattr(chunked, "CHUNK_BYTES", 7 * 512 * 4)
+    assert chunked.chunk_tokens(512) == 7
 
 
 def _untied() -> torch.nn.Module:
