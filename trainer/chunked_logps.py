@@ -67,6 +67,13 @@ def _logits(h: Tensor, w: Tensor, temperature: float) -> Tensor:
     return logits
 
 
+def _logsumexp_(logits: Tensor) -> Tensor:
+    """torch.logsumexp over the last dim, overwriting `logits` instead of allocating a second
+    chunk-sized buffer for the exponentials (halves the forward's scratch)."""
+    top = logits.amax(dim=-1, keepdim=True)
+    return logits.sub_(top).exp_().sum(dim=-1).log_().add_(top[:, 0])
+
+
 class _ChunkedLogps(torch.autograd.Function):
     """h [..., H], weight [V, H], labels [...] -> [...] fp32 log-probs; saves h, weight, labels
     and the logsumexp. Works on flat [M, H] views inside and returns a fresh tensor, not a view
@@ -84,8 +91,8 @@ class _ChunkedLogps(torch.autograd.Function):
             w = weight.to(dtype)
             for s in range(0, flat_h.shape[0], chunk):
                 logits = _logits(flat_h[s : s + chunk].to(dtype), w, temperature)
-                lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
                 picked[s : s + chunk] = logits.gather(1, flat_labels[s : s + chunk, None])[:, 0]
+                lse[s : s + chunk] = _logsumexp_(logits)
         ctx.save_for_backward(h, weight, flat_labels, lse)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         picked.sub_(lse)
