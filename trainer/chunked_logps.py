@@ -5,7 +5,7 @@
 projects `chunk` tokens at a time: a chunk's fp32 logits are at most `CHUNK_BYTES`, so at a
 128k vocabulary the head costs ~256 MiB of scratch instead of ~0.5 MB per token kept (and
 about three times that in backward). Backward projects each chunk again (one extra head
-matmul, the price of not saving the logits: ~2·M·H·V FLOPs, a few % of a step) and forms
+matmul, the price of not saving the logits: 2·M·H·V more FLOPs, +1/3 of the head's) and forms
 grad_logits = g · (onehot(label) − softmax) / T from the saved per-token logsumexp.
 
 A chunk spans the whole vocabulary: its logsumexp is one fp32 reduction, so no online
