@@ -3,13 +3,41 @@
 `token_logps` scores one batch with autograd as the caller has it; `batch_logps` also scores the
 batch's `aux` rows (KTO's mismatched pairs), always without a graph: no loss differentiates
 through them, so keeping their activations would only double a step's memory and backward work.
+
+The model never returns its [N, T, V] logits: for the scoring forward its output layer's
+forward is swapped for one that turns the hidden states transformers hands it into the labels'
+log-probs chunk by chunk (trainer.chunked_logps), so `out.logits` is [N, T] log-probs. Doing it
+inside the model's forward is what makes FSDP2 work unchanged: the root's pre-forward hook has
+gathered the head's weight, and the weight saved for backward is the unsharded parameter that
+FSDP2 re-gathers before backward, exactly as for the nn.Linear it replaces. `full_logits()`
+restores the old path (the oracle for tests and benchmarks; training never uses it).
 """
 
 from __future__ import annotations
 
-import torch
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import torch
+from torch import nn
+
+from trainer.chunked_logps import chunked_logps
 from trainer.tokenize import TokenBatch
+
+_full = False  # full_logits() in force
+
+
+@contextmanager
+def full_logits() -> Iterator[None]:
+    """token_logps materialises the [N, T, V] logits in fp32 as before chunking (an oracle for
+    tests and benchmarks: the same values, ~1.3 MB per token at a 128k vocabulary)."""
+    global _full
+    before, _full = _full, True
+    try:
+        yield
+    finally:
+        _full = before
 
 
 def token_logps(
@@ -47,22 +75,84 @@ def token_logps(
         steps = torch.arange(batch.input_ids.shape[1], device=device)
         positions = prefix.lengths.to(device)[:, None] + steps
         extra = {"past_key_values": cache, "position_ids": positions}
-    out = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=attention_mask,
-        logits_to_keep=batch.positions.to(device),
-        use_cache=False,
-        **extra,
-    )
-    logits = out.logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
     labels = batch.labels.to(device)
-    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    lp = picked - torch.logsumexp(logits, dim=-1)
+    inputs = {
+        "input_ids": batch.input_ids.to(device),
+        "attention_mask": attention_mask,
+        "logits_to_keep": batch.positions.to(device),
+        "use_cache": False,
+        **extra,
+    }
+    head = None if _full else _plain_head(model)
+    if head is None:
+        lp = _from_logits(model(**inputs).logits, labels, temperature)
+    else:
+        with _scoring(head, labels, temperature) as scored:
+            lp = model(**inputs).logits
+        if len(scored) != 1 or lp is not scored[0]:
+            raise RuntimeError(
+                f"{type(_unwrap(model)).__name__} changes its output layer's result before "
+                "returning it (soft-capping, scaling, upcasting?): chunked log-probs would be "
+                "wrong for it"
+            )
     if anchor is not None:
         lp = lp + anchor
     return lp * batch.mask.to(device)
+
+
+def _from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The full-logits path: [N, T, V] upcast to fp32, gather − logsumexp."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module under DDP (whose forward calls it)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.module
+    return model
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The model's output layer if chunking can replace it: a bias-free nn.Linear (a PeftModel
+    passes get_output_embeddings through to its base). Anything else (a LoRA-adapted head, a
+    head with a bias) keeps the full-logits path, with a warning: correct, but ~V·4 bytes per
+    token of memory."""
+    inner = _unwrap(model)
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if isinstance(head, nn.Linear) and head.bias is None:
+        return head
+    warnings.warn(
+        f"output layer {type(head).__name__} is not a bias-free nn.Linear: log-probs "
+        "materialise the full [rows, tokens, vocabulary] logits",
+        stacklevel=3,
+    )
+    return None
+
+
+@contextmanager
+def _scoring(head: nn.Linear, labels: torch.Tensor, temperature: float) -> Iterator[list]:
+    """Within the block `head(h)` returns the [N, T] log-probs of `labels` (chunked) instead
+    of logits; the yielded list receives that result (to check the model returned it as is)."""
+    scored: list[torch.Tensor] = []
+
+    def forward(h: torch.Tensor) -> torch.Tensor:
+        # head.weight read here, inside the model's forward: FSDP2's unsharded parameter
+        scored.append(chunked_logps(h, head.weight, labels, temperature))
+        return scored[-1]
+
+    own = head.__dict__.get("forward")  # an instance-level forward someone else set, if any
+    head.forward = forward  # type: ignore[method-assign]
+    try:
+        yield scored
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
 
 
 def batch_logps(
