@@ -200,16 +200,20 @@ def estimate_training_memory(
     stream = 4 if not lora else b  # the residual stream: fp32 under fp32 master weights
     edges = tokens * 4 * 3 * h  # the embeddings' output, the final norm's fp32 saves
     if checkpointing:  # each layer keeps its input; one layer recomputed, plus its gradients
-        activations = tokens * (shape.num_layers * stream * h + 2 * per_layer) + edges
-    else:  # every layer's saves, plus the layer being differentiated's gradient buffers
-        activations = tokens * (shape.num_layers + 1) * per_layer + edges
+        saved, backward = tokens * shape.num_layers * stream * h, tokens * 2 * per_layer
+    else:  # every layer's saves; in backward, the layer being differentiated's gradients
+        saved, backward = tokens * shape.num_layers * per_layer, tokens * per_layer
+    activations = saved + backward + edges
     if shared:  # each row's own copy of its prompt's keys and values, every layer
         activations += (
             rows * (spec.max_prompt_length - 1) * shape.num_layers * 2 * shape.kv_size * stream
         )
     low = b if b < 4 else 0  # the matmul's own output before the fp32 upcast
     if chunked_logps:
-        logits = _chunked_logits(spec, shape, kept, low, stream, lora)
+        # the head's transient and a layer's backward come one after the other, not together:
+        # the step's peak is the larger of the two (the head's saves are held throughout)
+        held, transient = _chunked_logits(spec, shape, kept, low, stream, lora)
+        logits = held + max(0, transient - backward)
     else:
         temperature = 4 if spec.logps_temperature != 1.0 else 0
         forward = low + 4 + temperature  # logits, their fp32 copy (and ÷ T)
@@ -256,12 +260,13 @@ def estimate_training_memory(
 
 def _chunked_logits(
     spec: JobSpec, shape: ModelShape, kept: int, low: int, stream: int, lora: bool
-) -> int:
+) -> tuple[int, int]:
     """trainer.chunked_logps: `chunk` tokens' logits at a time (fp32 ≤ LOGPS_CHUNK_BYTES).
     Forward: the chunk's matmul output, its fp32 copy and logsumexp's exp. Backward: the chunk
     recomputed, its fp32 gradient (in place) and that cast back, and a trained head's fp32
     gradient sum [V, H] (+ the compute-precision product and the head's cast copy). Kept for
-    backward: the hidden states it projects and one fp32 logsumexp per token."""
+    backward: the hidden states it projects and one fp32 logsumexp per token.
+    Returns (kept for backward, the larger of the forward's and the backward's transients)."""
     v, h = shape.vocab_size, shape.hidden_size
     chunk = min(kept, max(LOGPS_MIN_CHUNK, LOGPS_CHUNK_BYTES // (4 * v)))
     forward = chunk * v * (low + 4 + 4)
@@ -269,7 +274,7 @@ def _chunked_logits(
     if not lora:  # the head trains: its gradient summed in fp32, the cast weight, the product
         backward += v * h * (4 + 2 * low)
     saved = kept * (stream * h + 4)
-    return max(forward, backward) + saved
+    return saved, max(forward, backward)
 
 
 def _sampler(
