@@ -296,6 +296,8 @@ def _sampler(
     sampler = kv_cache + prefill + sample_rows * context * context + sample_rows * v * 4
     fields = ("online.num_samples", "online.max_new_tokens", "max_prompt_length")
     if online.engine not in ("vllm", "auto"):
+        if spec.parallelism.fsdp:  # a sharded policy samples from a whole copy per rank
+            sampler += n_params * (b if lora else 4)  # (trainer.sampling.gathered), per round
         return sampler, ("sampler",), fields  # generate's cache: between steps, not during one
     dtype = online.vllm.dtype
     engine_b = PRECISION_BYTES[spec.precision] if dtype == "auto" else ENGINE_BYTES[dtype]
