@@ -40,7 +40,13 @@ from trainer import checkpoint
 from trainer.distributed import make_parallel
 from trainer.logps import batch_logps
 from trainer.memory import after_out_of_memory, choose_micro_batch_here
-from trainer.modeling import apply_model_options, load_policy, load_tokenizer, resolve_model
+from trainer.modeling import (
+    activation_checkpointing,
+    apply_model_options,
+    load_policy,
+    load_tokenizer,
+    resolve_model,
+)
 from trainer.modeling.card import finish_export
 from trainer.online.rounds import OnlineData
 from trainer.quality import data_quality, quality_batches
@@ -384,7 +390,7 @@ class Trainer:
             **resolved,
             grad_accum=self.data.accum,
             micro_batch=choice.micro_examples,
-            activation_checkpointing=choice.activation_checkpointing,
+            activation_checkpointing=activation_checkpointing(self.unwrapped),  # as applied
             compile=self.compile,
             memory_available_gib=round(self.room / GiB, 2),
             memory_estimate_gib=round(choice.estimate.gib, 2),

@@ -152,3 +152,24 @@ def test_two_processes_out_of_memory_stop_and_resume_with_half_the_micro_batch(t
     assert second.returncode == 0, second.stderr[-3000:]
     assert events(out, "started")[-1]["data"]["grad_accum"] == 2
     assert len(losses(out)) == 3
+
+
+def test_auto_checkpointing_is_chosen_when_it_lets_a_larger_micro_batch_fit(
+    tmp_path, spec, monkeypatch
+):
+    shape = BUILTIN_SHAPES["tiny-llama"]
+    for gib in [x / 1000 for x in range(200, 5000)]:
+        choice = choose_micro_batch(spec, shape, int(gib * GiB))
+        if choice.fits and choice.activation_checkpointing:
+            break
+    else:
+        pytest.skip("no budget makes checkpointing the larger fit")
+    off = choose_micro_batch(
+        spec.model_copy(update={"activation_checkpointing": "off"}), shape, int(gib * GiB)
+    )
+    assert off.micro_examples < choice.micro_examples  # why it was turned on
+    monkeypatch.setenv(trainer_memory.MEMORY_LIMIT_ENV, str(gib))
+    train(spec.model_copy(update={"max_steps": 1}), tmp_path / "run")
+    started = events(tmp_path / "run", "started")[-1]["data"]
+    assert started["activation_checkpointing"] is True
+    assert started["grad_accum"] == choice.grad_accum
