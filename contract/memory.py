@@ -212,8 +212,8 @@ def estimate_training_memory(
     if chunked_logps:
         # the head's transient and a layer's backward come one after the other, not together:
         # the step's peak is the larger of the two (the head's saves are held throughout)
-        held, transient = _chunked_logits(spec, shape, kept, low, stream, lora)
-        logits = held + max(0, transient - backward)
+        held, head = _chunked_logits(spec, shape, kept, low, stream, lora)
+        logits = held + max(0, head - backward)
     else:
         temperature = 4 if spec.logps_temperature != 1.0 else 0
         forward = low + 4 + temperature  # logits, their fp32 copy (and ÷ T)
