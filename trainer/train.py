@@ -55,7 +55,7 @@ from trainer.reference import make_reference
 from trainer.rundata import load_data
 from trainer.runlog import ProgressEvents, RunLog
 from trainer.seeds import derive_seed
-from trainer.stepmetrics import reduce_step_metrics
+from trainer.stepmetrics import STOP, reduce_step_metrics
 from trainer.tokenize import ChatTokenizer, TokenBatch, collate
 
 # Micro-batches of rows the lookahead reference scores in one no-grad forward.
@@ -370,7 +370,8 @@ class Trainer:
         self._batches = {key: b for key, b in self._batches.items() if key[0] > step}  # used now
         if self.sync.after_update(step):
             self._refresh_reference(step)  # trust region: reference := θ_{s+1}, after the update
-        return reduce_step_metrics(acc, sums, grad_norm) | {"lr": lr}, tokens, t_sync
+        stop = self.log.stop_requested()
+        return reduce_step_metrics(acc, sums, grad_norm, stop) | {"lr": lr}, tokens, t_sync
 
     # ---- the run: steps, logging, checkpoints, stop requests, export ----------------------------
     def run(self) -> RunResult:
@@ -407,15 +408,14 @@ class Trainer:
         progress = ProgressEvents(log, self.start, self.total)
         for step in range(self.start + 1, self.total + 1):
             metrics = self.step(step)
+            # every process must agree on stopping, or the collectives below would hang: the
+            # ranks that saw a STOP file were counted with the step's metrics (one transfer)
+            stop = metrics.pop(STOP) > 0
             if step % spec.log_every == 0 or step == self.total:
                 log.metrics(step, metrics)
             progress.after(step, metrics.get("loss"))
             bar.update(1)
             bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
-            # every process must agree on stopping, or the collectives below would hang
-            stop = (
-                acc.reduce(torch.tensor(float(log.stop_requested()), device=acc.device), "sum") > 0
-            )
             due = spec.checkpoint_every and step % spec.checkpoint_every == 0
             if due or stop or step == self.total:
                 self.save(step)

@@ -65,9 +65,9 @@ def _log_bound(m: float | str, log_ratio: torch.Tensor, keep: torch.Tensor) -> t
     """log M: the given bound, or the largest log-ratio over the kept tokens (0 if none)."""
     if m != "batch_max":
         return math.log(float(m))
-    if not keep.any():
-        return 0.0
-    return log_ratio[keep].max()
+    # no `keep.any()` test: that would wait for the device; -inf (nothing kept) becomes 0
+    top = torch.where(keep, log_ratio, float("-inf")).amax()
+    return torch.where(torch.isfinite(top), top, torch.zeros_like(top))
 
 
 def _sample(

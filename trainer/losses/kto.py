@@ -49,7 +49,9 @@ def kto_loss(
         everyone = kl_reduce(kl_rewards) if kl_reduce is not None else kl_rewards
         z0 = (everyone.sum() / (everyone != 0).sum().clamp(min=1)).clamp(min=0)
 
-    desirable = labels.bool()
+    # counted on the host copy the recipe passes (no device sync): it decides which metrics exist
+    n_d = int(labels.sum()) if labels.device.type == "cpu" else None
+    desirable = labels.to(reward.device, non_blocking=True).bool()
     # One expression for both kinds: the sign flips the margin, the weight picks λ_D or λ_U.
     # Built in the reward's dtype: torch.where on Python floats would round λ through float32.
     sign = torch.where(desirable, 1.0, -1.0).to(reward.dtype)
@@ -60,7 +62,7 @@ def kto_loss(
 
     with torch.no_grad():
         beta_reward = cfg.beta * reward
-        n_d = int(desirable.sum())  # host value: decides which metrics exist
+        n_d = int(desirable.sum()) if n_d is None else n_d
         n_u = desirable.numel() - n_d
         values: dict[str, torch.Tensor | float] = {
             "loss": loss,
@@ -70,7 +72,7 @@ def kto_loss(
             "count/undesirable": float(n_u),
         }
         if n_d:
-            values["rewards/chosen"] = beta_reward[desirable].mean()
+            values["rewards/chosen"] = torch.where(desirable, beta_reward, 0.0).sum() / n_d
         if n_u:
-            values["rewards/rejected"] = beta_reward[~desirable].mean()
+            values["rewards/rejected"] = torch.where(desirable, 0.0, beta_reward).sum() / n_u
     return LossOutput(loss=loss, metrics=detached(values))

@@ -76,7 +76,7 @@ class KTORecipe(ObjectiveRecipe[KTOConfig]):
 
     def loss(self, pol, ref, batch, mb, examples, ctx: LossContext):
         n = len(mb.indices)
-        labels = torch.tensor([examples[i].label for i in mb.indices], device=pol.device)
+        labels = torch.tensor([examples[i].label for i in mb.indices])  # host: kto_loss moves it
         mask = batch.row_mask().to(pol.device)  # rows, then the mismatched rows (batch.aux)
         return kto_loss(
             pol[:n],
