@@ -136,6 +136,8 @@ class _Jobs(APIResource):
         log_every: Optional[int] = None,
         quality_sample: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        activation_checkpointing: Optional[str] = None,
+        compile: Optional[str] = None,
         parallelism: Optional[ParallelParams] = None,
         extra_body: Optional[Mapping[str, Any]] = None,
         idempotency_key: Optional[str] = None,
