@@ -24,6 +24,7 @@ import gc
 import json
 import statistics
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -297,11 +298,18 @@ def part_scale(r, s, peak_tflops: float | None, peak_table: dict[str, float]) ->
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = peak_tflops or next((v for k, v in peak_table.items() if k in name), None)
     r.figure("scale.peak_tflops_assumed", peak)
+    failed: dict[str, str] = {}
     for run, shape, adapter, pairs, plen, clen, ckpt in RUNS:
         if s.self_check:
             shape, pairs = TINY_SHAPE, 2
             plen, clen = SELF_CHECK_LENGTHS[plen], SELF_CHECK_LENGTHS[clen]
-        one_run(r, s, run, shape, adapter, pairs, plen, clen, ckpt, peak)
+        try:
+            one_run(r, s, run, shape, adapter, pairs, plen, clen, ckpt, peak)
+        except Exception as exc:  # noqa: BLE001  (an OOM in one run: the others still report)
+            traceback.print_exc()
+            failed[run] = f"{type(exc).__name__}: {exc}"[:500]
         gc.collect()  # the run's model and optimizer state go before the next is built
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    if failed:
+        raise RuntimeError(f"scale runs failed: {failed}")
