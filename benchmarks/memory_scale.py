@@ -175,7 +175,7 @@ def measure(cfg: dict) -> dict:
     before, peak, _ = step_peak(lambda: step(2, cfg["chunked"]))
     batch = tr.batch_for(3, 0)
     est_step, est_total, which = estimate(spec, SHAPES[cfg["shape"]], cfg["chunked"], cfg["ckpt"])
-    out = {
+    out: dict[str, Any] = {
         "static_rss_bytes": before,
         "activation_peak_bytes": peak,
         "rows": int(batch.input_ids.shape[0]),
