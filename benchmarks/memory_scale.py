@@ -155,15 +155,6 @@ def measure(cfg: dict) -> dict:
         Path(cfg["model"]), Path(cfg["data"]), cfg["pairs"], cfg["plen"], cfg["clen"], cfg["ckpt"]
     )
     tr = Trainer(spec, Path(cfg["out"]), progress=False)
-    by = "trainer"
-    if cfg["ckpt"] and not activation_checkpointing(tr.unwrapped):
-        # A bridge until the trainer applies the spec's option itself (item 3 is built on its
-        # own branch): the model's own switch, as the trainer will use, and the figure says so.
-        import trainer.modeling as modeling
-
-        if hasattr(modeling, "set_activation_checkpointing"):
-            modeling.set_activation_checkpointing(tr.unwrapped, True)
-            by = "benchmark (the trainer did not apply the spec's option)"
     zero = tr.optimizer.zero_grad
     tr.optimizer.zero_grad = lambda set_to_none=None: zero(set_to_none=False)  # grads stay
 
@@ -181,7 +172,6 @@ def measure(cfg: dict) -> dict:
         "rows": int(batch.input_ids.shape[0]),
         "tokens": batch.seq_tokens,  # prompt + completion (a shared prompt counts once)
         "checkpointing_active": bool(activation_checkpointing(tr.unwrapped)),
-        "checkpointing_applied_by": by if cfg["ckpt"] else None,
         "estimate_step_bytes": est_step,
         "estimate_total_bytes": est_total,
         "estimate": which,
@@ -248,8 +238,6 @@ def figures(results: dict[str, dict], self_check: bool) -> dict[str, dict]:
         fig(f"{name}.activation_mb_per_token", r["activation_peak_bytes"] / 1e6 / tokens)
         fig(f"{name}.static_rss_mb", r["static_rss_bytes"] / 1e6)
         fig(f"{name}.checkpointing_active", r["checkpointing_active"])
-        if r.get("checkpointing_applied_by"):
-            fig(f"{name}.checkpointing_applied_by", r["checkpointing_applied_by"])
         ratio = r["estimate_step_bytes"] / max(r["activation_peak_bytes"], 1)
         lo, hi = ESTIMATE_RANGE
         fig(f"{name}.estimate_over_measured", ratio, f"in [{lo}, {hi}]", lo <= ratio <= hi)
