@@ -23,6 +23,7 @@ import contextlib
 import gc
 import inspect
 import json
+import os
 import statistics
 import time
 import traceback
@@ -31,6 +32,7 @@ from typing import Any
 
 from gpu_models import EIGHT_B_SHAPE, ONE_B_SHAPE, TINY_SHAPE, pairs_file
 
+MEMORY_LIMIT_ENV = "HUMANLINE_TRAIN_MEMORY_GIB"  # trainer.memory's: the memory the trainer may use
 GPU_CAP_GIB = 80.0  # the 8 B LoRA run must fit an 80 GB H100: capped there on a larger GPU
 # (name, shape, adapter, pairs, prompt tokens, completion tokens, activation checkpointing)
 RUNS = (
@@ -140,18 +142,17 @@ def config_dir(out: Path, shape: dict) -> Path:
 
 
 def chosen(tr, out: Path) -> tuple[int, int, str]:
-    """(pairs per micro-batch, grad_accum, where that was read): the started event's choice
-    where the trainer wrote one, else the trainer's own attribute, else the spec."""
+    """(pairs per micro-batch, grad_accum, where that was read): the trainer's choice
+    (`Trainer.memory`, what its started event reports), else a started event, else the spec."""
+    choice = getattr(tr, "memory", None)
+    if choice is not None and hasattr(choice, "micro_examples"):
+        return choice.micro_examples, choice.grad_accum, "Trainer.memory"
     events = out / "events.jsonl"
     for line in events.read_text().splitlines() if events.exists() else []:
         event = json.loads(line)
         if event["kind"] == "started" and "grad_accum" in event["data"]:
             data = event["data"]
             return data.get("micro_batch"), data["grad_accum"], "started event"
-    for name in ("grad_accum", "accum"):
-        if isinstance(getattr(tr, name, None), int):
-            accum = getattr(tr, name)
-            return tr.spec.examples_per_batch // accum, accum, f"Trainer.{name}"
     accum = tr.spec.grad_accum or 1
     return tr.spec.examples_per_batch // accum, accum, "spec"
 
@@ -197,9 +198,10 @@ def one_run(r, s, name, shape, adapter, pairs, plen, clen, ckpt, peak_tflops) ->
         **extra,
     )  # fmt: skip
     capped = on_gpu and name.startswith("8b")
-    if capped:
+    if capped:  # the allocator stops at 80 GB, and the trainer's choice budgets for 80 GB
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, GPU_CAP_GIB * 2**30 / total))
+        os.environ[MEMORY_LIMIT_ENV] = str(GPU_CAP_GIB)
     mem = Memory(on_gpu)
     try:
         mem.reset()
@@ -249,10 +251,13 @@ def one_run(r, s, name, shape, adapter, pairs, plen, clen, ckpt, peak_tflops) ->
         active = bool(activation_checkpointing(tr.unwrapped))
         n_params = sum(p.numel() for p in tr.unwrapped.parameters())
         model_f, hw_f = flops_per_token(n_params, shape, plen + clen, adapter == "lora", active)
-        est = estimate(spec, shape_config(model_dir), accum, active, "cuda" if on_gpu else "cpu")
+        est = getattr(getattr(tr, "memory", None), "estimate", None) or estimate(
+            spec, shape_config(model_dir), accum, active, "cuda" if on_gpu else "cpu"
+        )  # the trainer's own (item 1 chose the micro-batch with it), else computed here
     finally:
         if capped:
             torch.cuda.set_per_process_memory_fraction(1.0)
+            os.environ.pop(MEMORY_LIMIT_ENV, None)
     name = f"scale.{name}"
     r.figure(f"{name}.params", n_params)
     r.figure(f"{name}.tokens_per_s", tps)

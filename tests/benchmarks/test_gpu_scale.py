@@ -54,10 +54,10 @@ def test_the_chosen_micro_batch_comes_from_the_started_event(tmp_path):
     spec = SimpleNamespace(examples_per_batch=8, grad_accum=None)
     tr = SimpleNamespace(spec=spec)
     assert gpu_scale.chosen(tr, tmp_path) == (8, 1, "spec")  # nothing else to read
-    tr.grad_accum = 2
-    assert gpu_scale.chosen(tr, tmp_path) == (4, 2, "Trainer.grad_accum")
     started = {"kind": "started", "message": "", "data": {"grad_accum": 4, "micro_batch": 2}}
     (tmp_path / "events.jsonl").write_text(
         json.dumps({"kind": "progress", "message": "", "data": {}}) + "\n" + json.dumps(started)
     )
     assert gpu_scale.chosen(tr, tmp_path) == (2, 4, "started event")
+    tr.memory = SimpleNamespace(micro_examples=1, grad_accum=8)  # trainer.memory's choice
+    assert gpu_scale.chosen(tr, tmp_path) == (1, 8, "Trainer.memory")
