@@ -15,6 +15,8 @@ from contract.memory import BUILTIN_SHAPES, ModelShape
 # LlamaConfig keyword arguments (contract.memory.ModelShape, the sizes the memory estimate uses)
 SMOLLM2_SHAPE = BUILTIN_SHAPES["smollm2-135m-instruct"].llama_config()
 ONE_B_SHAPE = ModelShape(128256, 2048, 8192, 16, 32, 8, 64, True).llama_config()
+# Llama-3.1-8B (8.03 B, untied): issue 25's LoRA run
+EIGHT_B_SHAPE = ModelShape(128256, 4096, 14336, 32, 32, 8, 128, False).llama_config()
 TINY_SHAPE = ModelShape(1024, 128, 256, 2, 2, 1, 64, True).llama_config()  # vLLM's CPU: head_dim 64
 WORDS = "the quick brown fox jumps over a lazy dog while seven bright stars watch quietly".split()
 

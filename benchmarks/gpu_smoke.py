@@ -14,6 +14,8 @@ keeps the real size, so the LM head costs what it costs). Checks, each a figure 
   online      online GRPO end to end with the transformers engine on the GPU
   trl         ours ÷ TRL DPOTrainer, same model, batch and precision, interleaved (<= 0.6)
   mfu         tokens/s and MFU of a ~1.2B Llama (Llama-3.2-1B shape), full fine-tuning, bf16
+  scale       1.24 B full and 8 B LoRA at users' lengths: MFU, HFU, GPU busy, activation
+              memory per token, estimate ÷ measured, the micro-batch chosen (gpu_scale.py)
   service     the product on the machine: SDK -> API -> worker -> trainer and evaluations
               (benchmarks/gpu_service.py; the job must say it trained on cuda)
   vllm        online GRPO through the vLLM engine - only when `vllm` is importable (in the
@@ -52,6 +54,7 @@ from gpu_models import (  # noqa: E402
     prompts_file,
     reward_model,
 )
+from gpu_scale import part_scale  # noqa: E402
 from gpu_service import part_service  # noqa: E402
 from gpu_speed import part_layout, part_overhead  # noqa: E402
 from trl_baseline import trl_dpo_trainer  # noqa: E402
@@ -377,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="tiny shapes on the CPU (automatic without CUDA)",
     )
-    ap.add_argument("--parts", default="bf16,overhead,layout,fsdp,online,trl,mfu,service,vllm")
+    ap.add_argument(
+        "--parts", default="bf16,overhead,layout,fsdp,online,trl,mfu,scale,service,vllm"
+    )
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
@@ -410,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "online": (part_online,),
         "trl": (part_trl,),
         "mfu": (part_mfu, args.peak_tflops),
+        "scale": (part_scale, args.peak_tflops, PEAK_TFLOPS),
         "service": (part_service,),
         "vllm": (part_vllm,),
     }

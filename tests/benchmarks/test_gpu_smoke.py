@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_smoke  # noqa: E402 - benchmarks/ is on sys.path only from the line above
 
-PARTS = ("bf16", "overhead", "layout", "fsdp", "online", "trl", "mfu", "service", "vllm")
+PARTS = ("bf16", "overhead", "layout", "fsdp", "online", "trl", "mfu", "scale", "service", "vllm")
 
 
 def test_self_check_runs_every_part(tmp_path):
@@ -61,6 +61,12 @@ def test_self_check_runs_every_part(tmp_path):
         assert figures[name]["enforced"] is False  # speed targets are for the GPU run
         assert figures[name]["value"] > 0
     assert figures["mfu.tokens_per_s"]["value"] > 0
+    for run in ("1b.s256", "1b.s256.ckpt", "1b.s2560", "8b.lora"):  # gpu_scale.py, tiny here
+        assert figures[f"scale.{run}.tokens_per_s"]["value"] > 0
+        assert figures[f"scale.{run}.micro_batch_pairs"]["value"] >= 1
+        assert 0.5 < figures[f"scale.{run}.estimate_over_measured"]["value"] < 2  # RSS here
+    assert figures["scale.1b.s256.mfu"]["target"] == ">= 0.40"
+    assert figures["scale.1b.s256.gpu_busy"]["enforced"] is False
     for adapter in ("full", "lora"):  # reported, no target
         assert figures[f"overhead.{adapter}.model_walk_over_scoped"]["value"] > 0
         assert figures[f"overhead.{adapter}.per_use_copies_over_one_copy"]["value"] > 0

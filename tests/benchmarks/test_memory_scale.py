@@ -1,0 +1,96 @@
+"""benchmarks/memory_scale.py (issue 25's CPU memory and speed benchmark): its measurement
+sees an allocation of known size, its figures and targets are the ratios computed by hand, and
+its --self-check (tiny shapes, every configuration, in one process) runs to its JSON line. The
+real run (--quick: minutes on a busy 2-core machine) is run by hand: docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import memory_scale  # noqa: E402 - benchmarks/ is on sys.path only from the line above
+
+MB = 10**6
+
+
+def test_step_peak_sees_what_the_step_allocates():
+    import torch
+
+    from trainer.distributed import return_freed_memory
+
+    return_freed_memory()  # the 200 MB block is its own mmap, returned when freed
+
+    def step():
+        x = torch.ones(50 * MB // 4 * 4)  # 200 MB, every page written
+        return float(x[-1])
+
+    before, peak, result = memory_scale.step_peak(step)
+    assert result == 1.0 and before > 50 * MB
+    assert 195 * MB <= peak <= 260 * MB, peak / MB
+
+
+def _result(peak_mb: float, est_mb: float, tokens: int = 1000, **timing) -> dict:
+    return {
+        "static_rss_bytes": int(1000 * MB),
+        "activation_peak_bytes": int(peak_mb * MB),
+        "rows": 16,
+        "tokens": tokens,
+        "checkpointing_active": False,
+        "estimate_step_bytes": int(est_mb * MB),
+        "estimate_total_bytes": int((1000 + est_mb) * MB),
+        "estimate": "calibrated",
+        **timing,
+    }
+
+
+def test_figures_are_the_ratios_with_their_targets():
+    results = {
+        "vocab.today": _result(2000, 2400),  # estimate 1.2: in range
+        "vocab.chunked": _result(500, 350),  # 0.7: below 0.8
+        "smollm2.today": _result(1000, 1000, step_s_today=2.0, step_s_chunked=2.2),
+        "smollm2.chunked_ckpt": _result(300, 300),
+    }
+    f = memory_scale.figures(results, self_check=False)
+    assert f["vocab.activation_ratio"] == {"value": 0.25, "target": "<= 0.3", "met": True}
+    assert f["smollm2.activation_ratio"] == {"value": 0.3, "target": "<= 0.3", "met": True}
+    assert f["smollm2.step_time_ratio"] == {"value": 1.1, "target": "<= 1.05", "met": False}
+    assert f["vocab.today.estimate_over_measured"]["value"] == 1.2
+    assert f["vocab.today.estimate_over_measured"]["met"] is True
+    assert f["vocab.chunked.estimate_over_measured"] == {
+        "value": 0.7, "target": "in [0.8, 1.25]", "met": False,
+    }  # fmt: skip
+    assert f["vocab.today.activation_mb_per_token"]["value"] == 2.0
+    assert f["vocab.today.estimate_total_over_peak_rss"]["value"] == round(3400 / 3000, 4)
+    # self-check: the same figures, no target is judged
+    tiny = memory_scale.figures(results, self_check=True)
+    assert tiny.keys() == f.keys()
+    assert all(v["met"] is None for v in tiny.values() if v["target"])
+
+
+def test_self_check_runs_every_configuration(tmp_path):
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HUMANLINE_CACHE": os.environ.get("HUMANLINE_CACHE", str(Path.home() / ".cache/humanline")),
+        "OMP_NUM_THREADS": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/memory_scale.py"), "--self-check",
+         "--work", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert out.stdout.strip(), out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["errors"] == {} and summary["ok"] is True and out.returncode == 0
+    figures = summary["figures"]
+    for name, *_ in memory_scale.CONFIGS:
+        assert figures[f"{name}.activation_peak_mb"]["value"] > 0, name
+        assert figures[f"{name}.estimate_over_measured"]["target"] == "in [0.8, 1.25]"
+    for name in ("vocab.activation_ratio", "smollm2.activation_ratio", "smollm2.step_time_ratio"):
+        assert figures[name]["value"] > 0 and figures[name]["target"].startswith("<= ")
