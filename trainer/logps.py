@@ -87,7 +87,9 @@ def token_logps(
     if head is None:
         lp = _from_logits(model(**inputs).logits, labels, temperature)
     else:
-        with _scoring(head, labels, temperature) as scored:
+        assert batch.kept is not None  # set by TokenBatch itself
+        kept = batch.kept.to(device)
+        with _scoring(head, labels, kept, temperature) as scored:
             lp = model(**inputs).logits
         if len(scored) != 1 or lp is not scored[0]:
             raise RuntimeError(
@@ -134,14 +136,21 @@ def _plain_head(model: nn.Module) -> nn.Linear | None:
 
 
 @contextmanager
-def _scoring(head: nn.Linear, labels: torch.Tensor, temperature: float) -> Iterator[list]:
+def _scoring(
+    head: nn.Linear, labels: torch.Tensor, kept: torch.Tensor, temperature: float
+) -> Iterator[list]:
     """Within the block `head(h)` returns the [N, T] log-probs of `labels` (chunked) instead
-    of logits; the yielded list receives that result (to check the model returned it as is)."""
+    of logits, computed only at the `kept` (flat) positions, zero elsewhere; the yielded list
+    receives that result (to check the model returned it as is)."""
     scored: list[torch.Tensor] = []
 
     def forward(h: torch.Tensor) -> torch.Tensor:
         # head.weight read here, inside the model's forward: FSDP2's unsharded parameter
-        scored.append(chunked_logps(h, head.weight, labels, temperature))
+        flat = h.reshape(-1, h.shape[-1]).index_select(0, kept)
+        lp = chunked_logps(flat, head.weight, labels.reshape(-1).index_select(0, kept), temperature)
+        # a fresh [N, T] tensor, not a view (FSDP2 warns about a module returning views)
+        where = (kept // labels.shape[1], kept % labels.shape[1])
+        scored.append(lp.new_zeros(labels.shape).index_put(where, lp))
         return scored[-1]
 
     own = head.__dict__.get("forward")  # an instance-level forward someone else set, if any

@@ -128,6 +128,14 @@ class TokenBatch:
     # The sequences of the rows, in order: what a row's log-probs are keyed by when they are
     # kept for later (trainer.reference.Lookahead), whatever micro-batch scored them.
     rows: tuple[TokenSeq, ...] = ()
+    # [K] flat indices of the mask's completion tokens, found on the host at collate time: the
+    # output layer projects only these (padding costs no vocabulary-sized work), and the device
+    # never has to be asked where they are (trainer.logps).
+    kept: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kept is None:
+            self.kept = self.mask.reshape(-1).nonzero().squeeze(1)
 
     def all_rows(self) -> tuple[TokenSeq, ...]:
         """The rows, then the aux rows: the rows of batch_logps and row_mask."""

@@ -37,7 +37,7 @@ def test_to_moves_every_tensor_and_leaves_the_host_batch():
     moved = batch.to("meta")
 
     host, there = dict(_tensors(batch)), dict(_tensors(moved))
-    assert len(host) == 14 and there.keys() == host.keys()  # 5 + 4 (prefix) + 5 (aux)
+    assert len(host) == 16 and there.keys() == host.keys()  # 6 + 4 (prefix) + 6 (aux)
     for name, tensor in there.items():
         assert tensor.device.type == "meta", name
         assert (tensor.shape, tensor.dtype) == (host[name].shape, host[name].dtype), name

@@ -241,3 +241,29 @@ def test_chunked_scoring_never_holds_rows_tokens_vocab(monkeypatch):
     with full_logits():
         assert largest() >= logits_bytes  # the probe sees the logits where they exist
     assert largest() <= logits_bytes / 8  # chunks (1 MiB) and [V, H] weights (2 MiB) at most
+
+
+def test_only_completion_tokens_reach_the_output_layer(monkeypatch):
+    """Padding and the positions before a row's completion are never projected onto the
+    vocabulary: the head sees exactly the mask's tokens, and the values still equal the
+    full-logits path's."""
+    import trainer.logps as logps
+
+    seen: list[int] = []
+    real = logps.chunked_logps
+
+    def recording(h, weight, labels, temperature=1.0, chunk=None):
+        seen.append(h.shape[0])
+        return real(h, weight, labels, temperature, chunk)
+
+    monkeypatch.setattr(logps, "chunked_logps", recording)
+    model = moved_policy(kind="none")
+    for share in (True, False):  # unequal lengths: both layouts pad
+        batch = collate(_seqs(), PAD, share_prompts=share)
+        seen.clear()
+        with torch.no_grad():
+            ours = token_logps(model, batch)
+            with full_logits():
+                full = token_logps(model, batch)
+        assert seen == [int(batch.mask.sum())] < [batch.mask.numel()]
+        torch.testing.assert_close(ours, full, rtol=0, atol=1e-5)
