@@ -16,6 +16,7 @@ import torch
 import trainer.train as train_mod
 from trainer.logps import token_logps
 from trainer.modeling import load_trainable_state_dict
+from trainer.plan import BatchPlan
 
 
 def _expected_source(t: int, sync: str, k: int) -> int:
@@ -73,7 +74,7 @@ def test_k1_humanline_reference_is_previous_step_policy(
     calls, _ = recorded_losses
     spec = make_spec(variant="offline+humanline", max_steps=4, quality_sample=0, batch_size=4)
     # Use one repeated batch so policy(step s) and reference(step s+1) score the same tokens.
-    monkeypatch.setattr(train_mod.BatchPlan, "global_indices", lambda self, step: [0, 1, 2, 3])
+    monkeypatch.setattr(BatchPlan, "global_indices", lambda self, step: [0, 1, 2, 3])
     train_mod.train(spec, tmp_path, progress=False)
     for s in range(1, 4):
         assert torch.allclose(calls[s]["ref"], calls[s - 1]["pol"], atol=1e-5)
