@@ -105,13 +105,13 @@ def test_no_recompute_without_grad():
 
 @pytest.fixture
 def loader(monkeypatch):
-    """trainer.train's load_policy followed by apply_model_options(checkpointing=on), as the
-    trainer does once it reads the spec's field; `state["recomputed"]` counts the decoder-layer
-    calls the last run made from inside a backward (the recompute)."""
+    """trainer.train's load_policy, its decoder layers watched: `state["recomputed"]` counts the
+    decoder-layer calls the last run made from inside a backward (the recompute). The trainer
+    itself applies the spec's activation_checkpointing (apply_model_options)."""
     import trainer.train as train_mod
 
     real = train_mod.load_policy
-    state = {"on": False, "recomputed": 0}
+    state = {"recomputed": 0}
 
     def in_backward(module, args):
         if torch._C._current_graph_task_id() != -1:  # autograd is running a backward
@@ -119,7 +119,6 @@ def loader(monkeypatch):
 
     def load_policy(spec, model_dir):
         model = real(spec, model_dir)
-        apply_model_options(model, checkpointing=state["on"], compile=False)
         state["recomputed"] = 0
         for layer in decoder_layers(model):
             layer.register_forward_pre_hook(in_backward)
@@ -172,10 +171,9 @@ def test_checkpointed_run_equals_the_plain_run(tmp_path, make_spec, loader, case
         **kw, max_steps=3, grad_accum=1, optim={"lr": 3e-3, "warmup_ratio": 0.0}, quality_sample=0
     )
     spec = _fsdp(spec) if sharded else spec
-    train(spec, tmp_path / "off", progress=False)
+    train(spec.model_copy(update={"activation_checkpointing": "off"}), tmp_path / "off")
     assert loader["recomputed"] == 0
-    loader["on"] = True
-    train(spec, tmp_path / "on", progress=False)
+    train(spec.model_copy(update={"activation_checkpointing": "on"}), tmp_path / "on")
     assert loader["recomputed"] > 0
     _same_run(tmp_path / "off", tmp_path / "on", 3)
     _same_export(tmp_path / "off" / "final", tmp_path / "on" / "final", kw.get("adapter"))
@@ -210,9 +208,9 @@ def _same_export(off: Path, on: Path, adapter) -> None:
     "sharded", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["ddp", "fsdp"]
 )
 def test_checkpointed_run_resumes_bitwise(tmp_path, make_spec, loader, sharded):
-    loader["on"] = True
     spec = make_spec(
         variant="offline+humanline",
+        activation_checkpointing="on",
         max_steps=4,
         checkpoint_every=2,
         grad_accum=1,
