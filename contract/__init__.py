@@ -13,7 +13,9 @@ Torch-free (the API imports it); each decision below is made here, once.
     runs        the run-directory protocol between worker and trainer: file names, STOP,
                 exit codes, event kinds
     tasks       Celery task and queue names (the API sends by name, the worker registers)
-    memory      a job's peak training memory per process, estimated from the spec (caps)
+    memory      a job's peak training memory per process, estimated from the spec (caps),
+                calibrated (memory_calibration.json), and the micro-batch that fits
+    shapes      the model sizes memory depends on, and the built-in models' shapes
 """
 
 from contract.spec import (

@@ -5,11 +5,14 @@ and reports/ (statistics, the code version); the service never imports it: a wor
 `python -m trainer run SPEC --out DIR` (and `python -m trainer.evaluation run`).
 
     train           the one training loop (accelerate): setup, resume, steps, checkpoints, export
-    plan            the batch order, a pure function of the seed
+    plan            the batch order, a pure function of the seed; rundata the run's examples
+    memory          the memory a process has, the micro-batch it chooses, out-of-memory retries
+    stepmetrics     a step's metrics to the host in one copy
     reference       the reference log-probs: lookahead (humanline sync) or a frozen model
     losses/         one loss per objective; humanline clipping/sampling applied once
     recipes/        per objective: examples → rows → loss (`make_recipe` chooses)
     tokenize, logps chat rendering and collation; per-token log-probs
+    chunked_logps   log-probs from hidden states, a chunk of tokens at a time (no full logits)
     datastore       training examples' token ids, memory-mapped (files streamed, not held)
     online/         online rounds: sample, score, keep pairs/groups (paper, Algorithm 1)
     sampling/       vLLM or transformers `generate` behind one interface

@@ -8,8 +8,10 @@ in-process.
             checkpoints (heartbeat and fence throughout) → conclude
 
 Modules: attempt (the one leased attempt: claim → prepare → subprocess → tail → conclude,
-heartbeat, fence, kill with the parent), runner (training's prepare and conclude), progress
-(a run's files into the DB and the store), evaluate (evaluation's prepare and conclude),
+heartbeat, fence, kill with the parent), runner (training's prepare and conclude), inputs
+(what an attempt downloads and writes before the launch), micro_batch (an out-of-memory end:
+the finer micro-batch the next attempt uses), progress (a run's files into the DB and the
+store), evaluate (evaluation's prepare and conclude),
 job_evaluations (evaluations a spec names, created when its job succeeds), config
 (WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
 gpus (WORKER_GPUS and the placement check), tail (JSONL files as they grow), reaper
