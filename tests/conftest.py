@@ -24,3 +24,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_dtensor_cache_left():
+    """A test that ran DTensor ops in this (main) thread leaves no sharding cache behind: its
+    entries keep a gloo process group alive, and a later worker test that forks from a thread
+    (Popen with a preexec_fn) would free it in the child and crash there
+    (trainer.distributed.release_sharding_cache)."""
+    yield
+    import sys
+
+    if "torch" in sys.modules:
+        from trainer.distributed import release_sharding_cache
+
+        release_sharding_cache()

@@ -262,6 +262,7 @@ class Sharded(Replicated):
             save_pretrained_weights(model, tokenizer, out_dir, state_dict=full)
 
     def close(self) -> None:
+        release_sharding_cache()
         if self.own_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -291,6 +292,17 @@ def return_freed_memory(threshold: int = 64 * 1024) -> None:
         ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
+
+
+def release_sharding_cache() -> None:
+    """Drop this thread's DTensor sharding-propagation cache. Its entries hold the device mesh,
+    so the process group outlives its run; a process forked later from another thread (a
+    worker's launch with a preexec_fn) frees this thread's state in the child, runs gloo's
+    destructor there, joins threads the child does not have, and dies of SIGSEGV before exec
+    (seen when an FSDP run had trained earlier in the same process: the test suite)."""
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
 
 
 def make_parallel(config: ParallelConfig, accelerator) -> Replicated:
