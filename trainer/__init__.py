@@ -18,7 +18,7 @@ and reports/ (statistics, the code version); the service never imports it: a wor
     sampling/       vLLM or transformers `generate` behind one interface
     rewards/        the registered reward sources (math-verify, format, a reward model, ...)
     modeling/       model sources, policy loading (full or LoRA), the exported model card
-    distributed     DDP or FSDP2 behind one interface
+    distributed     DDP or FSDP2 behind one interface; dtensors the DTensor helpers it shares
     checkpoint      save/load every state a resume needs; runlog the run directory's files
     quality         the data-quality score at step 0; seeds every random stream, derived once
     prompts, synthetic   small data sets the repo generates itself (demo, tests)

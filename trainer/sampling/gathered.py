@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from trainer.distributed import _checkpoint_keys, _full, _is_dtensor, _unique_keys
+from trainer.dtensors import _checkpoint_keys, _full, _is_dtensor, _unique_keys
 
 
 def is_sharded(module: nn.Module) -> bool:
