@@ -94,5 +94,8 @@ def test_self_check_runs_every_configuration(tmp_path):
         # freed (glibc keeps them), so its growth can read 0; it must be measured, not positive
         assert figures[f"{name}.activation_peak_mb"]["value"] >= 0, name
         assert figures[f"{name}.estimate_over_measured"]["target"] == "in [0.8, 1.25]"
-    for name in ("vocab.activation_ratio", "smollm2.activation_ratio", "smollm2.step_time_ratio"):
-        assert figures[name]["value"] > 0 and figures[name]["target"].startswith("<= ")
+    for name in ("vocab.activation_ratio", "smollm2.activation_ratio"):
+        # a ratio of growths, each of which may read 0 here (above): measured, not positive
+        assert figures[name]["value"] >= 0 and figures[name]["target"].startswith("<= ")
+    step_time = figures["smollm2.step_time_ratio"]
+    assert step_time["value"] > 0 and step_time["target"].startswith("<= ")
