@@ -45,6 +45,13 @@ RUNTIME_BYTES_ON = {"cpu": RUNTIME_BYTES, "cuda": 1 * GiB}
 # LOGPS_MIN_CHUNK). The trainer uses the same number; a test checks they agree.
 LOGPS_CHUNK_BYTES = 256 << 20
 LOGPS_MIN_CHUNK = 64
+# Without activation checkpointing the head keeps each kept token's fp32 softmax for backward
+# instead of projecting the token again (trainer.chunked_logps, keep_softmax) when those 4·V
+# bytes are at most this share of what the decoder layers keep for that token anyway: the
+# recompute's extra head matmul then buys little memory (SmolLM2: 0.2 MB beside 1.4 MB) and
+# costs the step time (issue 25's CPU target). A vocabulary-dominated shape (4·V several times
+# the layers' saves) recomputes, as does every checkpointed step (memory was asked for).
+SOFTMAX_KEEP_SHARE = 0.25
 SAMPLER_ROWS = 64  # rows decoded together: trainer.sampling.hf_engine.HFSampler's default
 DATA_BYTES_PER_FILE_BYTE = 1.0
 DATA_BYTES_PER_RECORD = 80  # a record's offsets: 32 bytes per sequence, 8 per example
@@ -212,7 +219,8 @@ def estimate_training_memory(
     if chunked_logps:
         # the head's transient and a layer's backward come one after the other, not together:
         # the step's peak is the larger of the two (the head's saves are held throughout)
-        held, head = _chunked_logits(spec, shape, kept, low, stream, lora)
+        keep = keeps_softmax(spec, shape, checkpointing)
+        held, head = _chunked_logits(spec, shape, kept, low, stream, lora, keep)
         logits = held + max(0, head - backward)
     else:
         temperature = 4 if spec.logps_temperature != 1.0 else 0
@@ -258,22 +266,37 @@ def estimate_training_memory(
     )
 
 
+def keeps_softmax(spec: JobSpec, shape: ModelShape, checkpointing: bool) -> bool:
+    """Whether the chunked head keeps its softmax for backward rather than recomputing it:
+    never under activation checkpointing, else when 4·V bytes a token are at most
+    SOFTMAX_KEEP_SHARE of the layers' saves a token (`layer_bytes` x layers)."""
+    if checkpointing:
+        return False
+    layers = shape.num_layers * layer_bytes(shape, spec, spec.max_length)
+    return 4 * shape.vocab_size <= SOFTMAX_KEEP_SHARE * layers
+
+
 def _chunked_logits(
-    spec: JobSpec, shape: ModelShape, kept: int, low: int, stream: int, lora: bool
+    spec: JobSpec, shape: ModelShape, kept: int, low: int, stream: int, lora: bool, keep: bool
 ) -> tuple[int, int]:
     """trainer.chunked_logps: `chunk` tokens' logits at a time (fp32 ≤ LOGPS_CHUNK_BYTES).
     Forward: the chunk's matmul output, its fp32 copy and logsumexp's exp. Backward: the chunk
     recomputed, its fp32 gradient (in place) and that cast back, and a trained head's fp32
     gradient sum [V, H] (+ the compute-precision product and the head's cast copy). Kept for
-    backward: the hidden states it projects and one fp32 logsumexp per token.
-    Returns (kept for backward, the larger of the forward's and the backward's transients)."""
+    backward: the hidden states it projects and one fp32 logsumexp per token. With `keep`,
+    every kept token's fp32 softmax too, from the forward's end until the head's backward has
+    run (autograd frees a node's saves then, before the layers' backward), and no recompute:
+    counted as the head's transient, not as held. Returns (kept for backward, the larger of
+    the forward's and the backward's transients)."""
     v, h = shape.vocab_size, shape.hidden_size
     chunk = min(kept, max(LOGPS_MIN_CHUNK, LOGPS_CHUNK_BYTES // (4 * v)))
     forward = chunk * v * (low + 4 + 4)
     backward = chunk * v * (2 * low + 4)
+    saved = kept * (stream * h + 4)
+    if keep:  # the softmax is the forward's fp32 copy, kept; each pass casts a chunk once
+        forward = backward = kept * v * 4 + chunk * v * low
     if not lora:  # the head trains: its gradient summed in fp32, the cast weight, the product
         backward += v * h * (4 + 2 * low)
-    saved = kept * (stream * h + 4)
     return saved, max(forward, backward)
 
 
@@ -328,6 +351,7 @@ class MicroBatchChoice:
     estimate: MemoryEstimate
     fits: bool
     reason: str
+    keep_softmax: bool = False  # the head keeps its softmax for backward (keeps_softmax)
 
 
 def choose_micro_batch(
@@ -381,7 +405,8 @@ def choose_micro_batch(
         head = f"{micro} examples ({rows} rows) per micro-batch × {per_process // micro} steps"
         how = f"activation checkpointing {'on' if ckpt else 'off'}"
         reason = f"{head}, {how}: about {est.gib:.1f} GiB, {why}"
-        return MicroBatchChoice(per_process // micro, micro, rows, ckpt, est, fits, reason)
+        keep = keeps_softmax(spec, shape, ckpt)
+        return MicroBatchChoice(per_process // micro, micro, rows, ckpt, est, fits, reason, keep)
 
     gib = f"{available_bytes / GiB:.1f} GiB less {SAFETY_MARGIN:.0%}"
     best: dict[bool, tuple[int, MemoryEstimate]] = {}

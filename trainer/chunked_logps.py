@@ -8,6 +8,12 @@ about three times that in backward). Backward projects each chunk again (one ext
 matmul, the price of not saving the logits: 2·M·H·V more FLOPs, +1/3 of the head's) and forms
 grad_logits = g · (onehot(label) − softmax) / T from the saved per-token logsumexp.
 
+`keep_softmax=True` trades that recompute for memory: forward keeps each chunk's fp32 softmax
+(the buffer it already computed, normalised in place) and backward forms the gradient in it,
+so the head costs the full path's three matmuls, not four. The trainer asks for it only where
+the softmax is small beside the layers' saves and checkpointing is off
+(contract.memory.keeps_softmax); a no-grad forward (the reference) never keeps anything.
+
 A chunk spans the whole vocabulary: its logsumexp is one fp32 reduction, so no online
 logsumexp over vocabulary pieces is needed until a vocabulary alone exceeds the budget at
 `MIN_CHUNK` tokens (64 tokens at 1M words: 256 MiB; no model we serve comes near).
@@ -36,11 +42,16 @@ def chunk_tokens(vocab: int) -> int:
 
 
 def chunked_logps(
-    h: Tensor, weight: Tensor, labels: Tensor, temperature: float = 1.0, chunk: int | None = None
+    h: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+    keep_softmax: bool = False,
 ) -> Tensor:
     """log softmax(h @ weight.T / temperature)[label] per token: h [..., H], weight [V, H],
     labels [...] (int64) -> [...] fp32. `chunk` tokens are projected at a time (default from
-    `CHUNK_BYTES`)."""
+    `CHUNK_BYTES`); `keep_softmax` keeps their softmax for backward instead of recomputing."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if h.shape[:-1] != labels.shape:
@@ -48,7 +59,7 @@ def chunked_logps(
         raise ValueError(f"hidden states and labels do not match: {shapes}")
     if chunk is None:
         chunk = chunk_tokens(weight.shape[0])
-    return _ChunkedLogps.apply(h, weight, labels, float(temperature), int(chunk))
+    return _ChunkedLogps.apply(h, weight, labels, float(temperature), int(chunk), keep_softmax)
 
 
 def _compute_dtype(h: Tensor, weight: Tensor) -> torch.dtype:
@@ -81,9 +92,17 @@ class _ChunkedLogps(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, h: Tensor, weight: Tensor, labels: Tensor, temperature: float, chunk: int
+        ctx: Any,
+        h: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        temperature: float,
+        chunk: int,
+        keep_softmax: bool,
     ) -> Tensor:
         dtype = _compute_dtype(h, weight)
+        keep = keep_softmax and any(ctx.needs_input_grad[:2])
+        kept: list[Tensor] = []  # each chunk's softmax, when kept
         out = torch.empty(labels.shape, dtype=torch.float32, device=h.device)
         picked, lse = out.view(-1), torch.empty(labels.numel(), device=h.device)
         flat_h, flat_labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
@@ -93,7 +112,9 @@ class _ChunkedLogps(torch.autograd.Function):
                 logits = _logits(flat_h[s : s + chunk].to(dtype), w, temperature)
                 picked[s : s + chunk] = logits.gather(1, flat_labels[s : s + chunk, None])[:, 0]
                 lse[s : s + chunk] = _logsumexp_(logits)
-        ctx.save_for_backward(h, weight, flat_labels, lse)
+                if keep:  # logits now holds exp(x - max): normalised in place, the softmax
+                    kept.append(logits.div_(logits.sum(dim=-1, keepdim=True)))
+        ctx.save_for_backward(h, weight, flat_labels, lse, *kept)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         picked.sub_(lse)
         return out
@@ -101,7 +122,7 @@ class _ChunkedLogps(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
         (g,) = grads
-        h_in, weight, labels, lse = ctx.saved_tensors
+        h_in, weight, labels, lse, *kept = ctx.saved_tensors
         h = h_in.reshape(-1, h_in.shape[-1])
         need_h, need_w = ctx.needs_input_grad[:2]
         temperature, chunk, dtype = ctx.temperature, ctx.chunk, ctx.dtype
@@ -111,11 +132,15 @@ class _ChunkedLogps(torch.autograd.Function):
         scale = g.reshape(-1).float() / temperature  # d(logits / T) / d logits = 1 / T
         with torch.autocast(h.device.type, enabled=False):
             w = weight.to(dtype)
-            for s in range(0, h.shape[0], chunk):
+            for i, s in enumerate(range(0, h.shape[0], chunk)):
                 hs = h[s : s + chunk].to(dtype)
                 e = s + hs.shape[0]
-                # in place: softmax, then −g·softmax/T, then +g/T at the label
-                grad = _logits(hs, w, temperature).sub_(lse[s:e, None]).exp_()
+                # in place: softmax (kept, or recomputed), then −g·softmax/T, then +g/T at the
+                # label (a kept softmax is consumed: this backward is the graph's only one)
+                if kept:
+                    grad = kept[i]
+                else:
+                    grad = _logits(hs, w, temperature).sub_(lse[s:e, None]).exp_()
                 grad.mul_(-scale[s:e, None])
                 grad.scatter_add_(1, labels[s:e, None], scale[s:e, None])
                 grad = grad.to(dtype)
@@ -129,4 +154,4 @@ class _ChunkedLogps(torch.autograd.Function):
             grad_w = grad_w.to(weight.dtype)
         if grad_h is not None:
             grad_h = grad_h.view(h_in.shape)
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None

@@ -26,6 +26,7 @@ from trainer.chunked_logps import chunked_logps
 from trainer.tokenize import TokenBatch
 
 _full = False  # full_logits() in force
+_KEEP = "humanline_keep_softmax"  # the output layer's flag (keep_softmax)
 
 
 @contextmanager
@@ -38,6 +39,15 @@ def full_logits() -> Iterator[None]:
         yield
     finally:
         _full = before
+
+
+def keep_softmax(model: nn.Module, on: bool) -> None:
+    """Whether the chunked head of `model` keeps its softmax for backward instead of projecting
+    again (trainer.chunked_logps; the trainer decides it once from contract.memory.
+    keeps_softmax). A flag on the output layer, like checkpointing is the layers' own."""
+    head = _plain_head(model, quiet=True)
+    if head is not None:
+        setattr(head, _KEEP, on)
 
 
 def token_logps(
@@ -118,7 +128,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def _plain_head(model: nn.Module) -> nn.Linear | None:
+def _plain_head(model: nn.Module, quiet: bool = False) -> nn.Linear | None:
     """The model's output layer if chunking can replace it: a bias-free nn.Linear (a PeftModel
     passes get_output_embeddings through to its base). Anything else (a LoRA-adapted head, a
     head with a bias) keeps the full-logits path, with a warning: correct, but ~V·4 bytes per
@@ -127,6 +137,8 @@ def _plain_head(model: nn.Module) -> nn.Linear | None:
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if isinstance(head, nn.Linear) and head.bias is None:
         return head
+    if quiet:
+        return None
     warnings.warn(
         f"output layer {type(head).__name__} is not a bias-free nn.Linear: log-probs "
         "materialise the full [rows, tokens, vocabulary] logits",
@@ -147,7 +159,13 @@ def _scoring(
     def forward(h: torch.Tensor) -> torch.Tensor:
         # head.weight read here, inside the model's forward: FSDP2's unsharded parameter
         flat = h.reshape(-1, h.shape[-1]).index_select(0, kept)
-        lp = chunked_logps(flat, head.weight, labels.reshape(-1).index_select(0, kept), temperature)
+        lp = chunked_logps(
+            flat,
+            head.weight,
+            labels.reshape(-1).index_select(0, kept),
+            temperature,
+            keep_softmax=getattr(head, _KEEP, False),
+        )
         # a fresh [N, T] tensor, not a view (FSDP2 warns about a module returning views)
         where = (kept // labels.shape[1], kept % labels.shape[1])
         scored.append(lp.new_zeros(labels.shape).index_put(where, lp))

@@ -176,4 +176,5 @@ def after_out_of_memory(
     if world > 1:
         write_micro_batch_file(out_dir, grad_accum=new, micro_batch=micro, step=step)
         raise OutOfMemoryRetry(message) from error
-    return replace(choice, grad_accum=new, micro_examples=micro)
+    # the head recomputes from now on: memory is what this step lacked
+    return replace(choice, grad_accum=new, micro_examples=micro, keep_softmax=False)

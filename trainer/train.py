@@ -38,7 +38,7 @@ from contract.spec import JobSpec
 from reports.version import code_version
 from trainer import checkpoint
 from trainer.distributed import make_parallel
-from trainer.logps import batch_logps
+from trainer.logps import batch_logps, keep_softmax
 from trainer.memory import after_out_of_memory, choose_micro_batch_here
 from trainer.modeling import (
     activation_checkpointing,
@@ -149,6 +149,7 @@ class Trainer:
             warn=warn,
         ):
             warn(message)
+        keep_softmax(model, self.memory.keep_softmax)  # the head's backward: keep or recompute
         # DDP (accelerate) or FSDP2 (sharded in place, so the optimizer is made afterwards)
         self.parallel = make_parallel(spec.parallelism, acc)
         self.unwrapped = model
@@ -300,6 +301,7 @@ class Trainer:
             self.spec, self.accelerator, self.memory, step, error, self.log, self.out_dir
         )
         self.data.set_accum(self.memory.grad_accum)
+        keep_softmax(self.unwrapped, self.memory.keep_softmax)
 
     # ---- one optimizer step ---------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -393,6 +395,7 @@ class Trainer:
             micro_batch=choice.micro_examples,
             activation_checkpointing=activation_checkpointing(self.unwrapped),  # as applied
             compile=self.compile,
+            logps_keep_softmax=choice.keep_softmax,
             memory_available_gib=round(self.room / GiB, 2),
             memory_estimate_gib=round(choice.estimate.gib, 2),
         )

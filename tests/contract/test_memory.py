@@ -17,6 +17,7 @@ from contract.memory import (
     ModelShape,
     choose_micro_batch,
     estimate_training_memory,
+    keeps_softmax,
     layer_bytes,
 )
 from contract.spec import JobSpec
@@ -71,11 +72,14 @@ def test_full_fine_tune_dpo_fp32_by_hand():
         + tokens * 12 * 64  # the embeddings' output and the final norm, fp32
         + 8 * 47 * 2 * 2 * 32 * 4  # each row's copy of its prompt's keys and values
     )
-    # one chunk (all 384 kept tokens): forward fp32 logits + logsumexp's exp; backward's
-    # fp32 gradient + the tied head's fp32 gradient (smaller); kept: hidden states + lse.
-    # The chunk's transient and a layer's backward come one after the other: only what the
-    # head's exceeds the layer's (here nothing) adds to the peak.
-    head, layer = kept * 512 * (4 + 4), tokens * 4752
+    # one chunk (all 384 kept tokens). The softmax (4 x 512 B a token) is at most a quarter
+    # of the layers' saves (2 x 4752 B a token), so the head keeps it for backward instead of
+    # projecting again. Held throughout: the hidden states and the logsumexp. The head's
+    # transient: that fp32 softmax (forward's end to the head's backward, fp32: no cast) and
+    # the tied head's fp32 gradient; it comes before a layer's backward, and only what it
+    # exceeds that by (here nothing) adds to the peak.
+    assert keeps_softmax(spec(batch_size=4, max_length=96, max_prompt_length=48), TINY, False)
+    head, layer = kept * 512 * 4 + 512 * 64 * 4, tokens * 4752
     logits = kept * (4 * 64 + 4) + max(0, head - layer)
     assert (activations, logits) == (8_906_432, 99_840)
     assert est.parts == {
@@ -101,6 +105,11 @@ def test_full_fine_tune_dpo_fp32_by_hand():
         spec(batch_size=4, max_length=96, max_prompt_length=48), TINY, checkpointing=True
     )
     assert ckpt.parts["activations"] == 8 * 96 * (2 * 4 * 64 + 2 * 4752 + 12 * 64)
+    # ... and the head recomputes (memory was asked for): it keeps hidden states and
+    # logsumexp; its chunk (fp32 logits + exp, forward; the recomputed gradient and the tied
+    # head's fp32 gradient, backward) stays below the checkpointed layer's backward
+    assert ckpt.parts["logits"] == kept * (4 * 64 + 4)
+    assert max(kept * 512 * 8, kept * 512 * 4 + 512 * 64 * 4) < 8 * 96 * 2 * 4752
 
 
 def test_lora_bf16_kto_humanline_by_hand():
@@ -366,3 +375,24 @@ def test_world_splits_the_batch_and_fsdp_divides_the_state():
     assert c.micro_examples * c.grad_accum == 8  # each process's share of the 32 pairs
     with pytest.raises(ValueError, match="do not split over 3 processes"):
         choose_micro_batch(fsdp, L8, 80 * GiB, world=3)
+
+
+def test_a_kept_softmax_is_priced_until_the_heads_backward(monkeypatch):
+    """SmolLM2's shape, DPO fp32 on a GPU (the plain layout: 16 rows of 512, 256 kept each):
+    the softmax (4·V = 0.2 MB a token) is small beside the layers' saves (1.4 MB), so it is
+    kept; the head's transient is then every kept token's softmax plus the head's fp32
+    gradient, where the recompute's was one chunk's logits. Each counts only above a layer's
+    backward, which follows it."""
+    job = spec(batch_size=8, max_length=512, max_prompt_length=256)
+    shape = BUILTIN_SHAPES["smollm2-135m-instruct"]
+    v, h = shape.vocab_size, shape.hidden_size
+    assert keeps_softmax(job, shape, False) and not keeps_softmax(job, shape, True)
+    kept, layer = 16 * 256, 16 * 512 * layer_bytes(shape, job, 512)
+    chunk = LOGPS_CHUNK_BYTES // (4 * v)
+    held = kept * (4 * h + 4)
+    keep = estimate_training_memory(job, shape, device="cuda").parts["logits"]
+    assert keep == held + max(0, kept * v * 4 + v * h * 4 - layer)
+    monkeypatch.setattr("contract.memory.SOFTMAX_KEEP_SHARE", 0.0)
+    again = estimate_training_memory(job, shape, device="cuda").parts["logits"]
+    assert again == held + max(0, max(chunk * v * 8, chunk * v * 4 + v * h * 4) - layer)
+    assert keep - again > 300e6  # what the step time's saving costs in memory, here (~0.38 GB)

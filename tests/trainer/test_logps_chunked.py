@@ -47,12 +47,13 @@ def _inputs(m=37, hidden=16, vocab=101, seed=0):
     return h, w, labels, torch.randn(m, generator=gen)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["recompute", "keep-softmax"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [5, 37, 100])  # smaller than, equal to, larger than 37 tokens
-def test_function_matches_log_softmax_values_and_grads(temperature, chunk):
+def test_function_matches_log_softmax_values_and_grads(temperature, chunk, keep):
     h, w, labels, g = _inputs()
     h.requires_grad_(), w.requires_grad_()
-    ours = _grads(lambda h, w: chunked_logps(h, w, labels, temperature, chunk), h, w, g)
+    ours = _grads(lambda h, w: chunked_logps(h, w, labels, temperature, chunk, keep), h, w, g)
     ref = _grads(lambda h, w: _oracle(h, w, labels, temperature), h, w, g)
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -93,6 +94,42 @@ def test_frozen_weight_gets_no_gradient_and_no_gradient_work():
     torch.testing.assert_close(ours[1], ref[1], rtol=1e-5, atol=1e-5)
     # 4 chunks: one projection forward, then a re-projection and grad_h each; no grad_W matmul
     assert probe.matmuls == 4 * 3
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_kept_softmax_saves_the_backward_projection(frozen):
+    """keep_softmax: backward re-projects nothing (the full path's matmul count), and the
+    softmax it keeps is consumed by the one backward; under no_grad nothing is kept."""
+    h, w, labels, g = _inputs()
+    h.requires_grad_(), w.requires_grad_(not frozen)
+    with _Largest() as probe:
+        ours = _grads(lambda h, w: chunked_logps(h, w, labels, 0.7, 10, True), h, w, g)
+    ref = _grads(lambda h, w: _oracle(h, w, labels, 0.7), h, w, g)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # 4 chunks: forward's projection, then grad_h (and grad_W when the head trains)
+    assert probe.matmuls == 4 * (2 if frozen else 3)
+    with torch.no_grad(), _Largest() as probe:
+        chunked_logps(h, w, labels, 0.7, 10, True)
+    assert probe.matmuls == 4
+
+
+def test_trainer_sets_the_heads_backward_from_the_estimate():
+    """trainer.logps.keep_softmax flags the output layer; chunked scoring passes the flag on
+    (a recompute would show as one more projection per chunk)."""
+    from trainer.logps import keep_softmax
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1))  # fmt: skip
+    batch = collate([TokenSeq((1, 5, 6), (7, 8, 9))], pad_id=0)
+    counts = {}
+    for on in (False, True):
+        keep_softmax(model, on)
+        with _Largest() as probe:
+            token_logps(model, batch).sum().backward()
+        counts[on] = probe.matmuls
+    assert counts[False] - counts[True] == 1  # one chunk: its re-projection is gone
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -252,9 +289,9 @@ def test_only_completion_tokens_reach_the_output_layer(monkeypatch):
     seen: list[int] = []
     real = logps.chunked_logps
 
-    def recording(h, weight, labels, temperature=1.0, chunk=None):
+    def recording(h, weight, labels, temperature=1.0, chunk=None, keep_softmax=False):
         seen.append(h.shape[0])
-        return real(h, weight, labels, temperature, chunk)
+        return real(h, weight, labels, temperature, chunk, keep_softmax)
 
     monkeypatch.setattr(logps, "chunked_logps", recording)
     model = moved_policy(kind="none")
