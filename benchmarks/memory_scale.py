@@ -22,8 +22,14 @@ total ÷ the step's whole peak RSS is reported too, without a target (the runtim
 parts' ~1 GB would flatter the ratio).
 
     python benchmarks/memory_scale.py            # the shapes above, 8 pairs (minutes; ~12 GB)
-    python benchmarks/memory_scale.py --quick    # the same, 2 timed A/B step pairs, not 8
+    python benchmarks/memory_scale.py --quick    # the same roles scaled down (under a minute)
     python benchmarks/memory_scale.py --self-check   # tiny shapes, seconds: the logic only
+
+--quick keeps each role's defining proportion and scales the rest down: "vocab" a 32,768-word
+vocabulary on a 64-wide, 4-layer model (4·V still ~4x the layers' saves a token), "smollm2" 30
+layers 192 wide with a 16,384-word vocabulary (the head ~19 % of the weights, SmolLM2's 21 %;
+4·V 0.13x the layers' saves, SmolLM2's 0.14x), 4 pairs x (64 + 64), and the log-probs' chunk
+budget scaled with the tokens (8 MiB: ~8 chunks a step, as 256 MiB makes at the full size).
 
 The last line printed is one JSON object: each figure with its target; exit 0 only when every
 target is met (--self-check: when every configuration ran; its figures mean nothing).
@@ -56,7 +62,11 @@ SHAPES = {
     # --self-check: the same two roles, tiny
     "vocab-tiny": ModelShape(8192, 32, 64, 2, 2, 1, 16, True),
     "smollm2-tiny": ModelShape(512, 64, 128, 4, 4, 2, 16, True),
+    # --quick: the same two roles, scaled down (see the docstring)
+    "vocab-quick": ModelShape(32768, 64, 256, 4, 4, 2, 16, True),
+    "smollm2-quick": ModelShape(16384, 192, 512, 30, 3, 1, 64, True),
 }
+QUICK_CHUNK_BYTES = 8 << 20
 # (name, shape, chunked log-probs, activation checkpointing, time A/B in this process)
 CONFIGS = (
     ("vocab.today", "vocab", False, False, False),
@@ -150,6 +160,12 @@ def measure(cfg: dict) -> dict:
     from trainer.train import Trainer
 
     return_freed_memory()  # as the CPU trainer does: large blocks go back to the system
+    if cfg.get("chunk_bytes"):  # --quick: the chunk budget scaled with the tokens
+        import contract.memory
+        import trainer.chunked_logps
+
+        trainer.chunked_logps.CHUNK_BYTES = cfg["chunk_bytes"]
+        contract.memory.LOGPS_CHUNK_BYTES = cfg["chunk_bytes"]
     torch.manual_seed(0)
     spec = spec_for(
         Path(cfg["model"]), Path(cfg["data"]), cfg["pairs"], cfg["plen"], cfg["clen"], cfg["ckpt"]
@@ -268,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="2 timed A/B step pairs, not 8 (minutes here: docs/benchmarks.md)",
+        help="the roles scaled down, 4 pairs x (64 + 64), 2 timed A/B step pairs (under 60 s)",
     )
     ap.add_argument("--self-check", action="store_true", help="tiny shapes: the logic only")
     ap.add_argument("--pairs", type=int, default=None, help="DPO pairs per step (default 8)")
@@ -280,11 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(measure(json.loads(args.child))))
         return 0
-    plen = clen = 16 if args.self_check else 256
-    # --quick keeps the batch: a chunked step holds a part that does not grow with it (~0.7 GB
-    # at the vocab shape), so at 2 pairs the vocab ratio read 0.36 where 8 pairs read 0.14
-    pairs = args.pairs or (2 if args.self_check else 8)
+    plen = clen = 16 if args.self_check else 64 if args.quick else 256
+    # fewer pairs alone would not keep the ratios: a chunked step holds a part that does not
+    # grow with the batch (~0.7 GB at the vocab shape: at 2 pairs its ratio read 0.36 where 8
+    # pairs read 0.14); --quick scales that part down with the shapes and the chunk budget
+    pairs = args.pairs or (2 if args.self_check else 4 if args.quick else 8)
     timed = args.timed_steps or (1 if args.self_check else 2 if args.quick else 8)
+    suffix = "-tiny" if args.self_check else "-quick" if args.quick else ""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = args.work or Path(tempfile.mkdtemp(prefix="hl-memscale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -295,12 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, shape, chunked, ckpt, timing in CONFIGS:
         if only is not None and name not in only:
             continue
-        shape = f"{shape}-tiny" if args.self_check else shape
+        shape += suffix
         model, data = build(work, shape, plen, clen)
         cfg = {
             "name": name, "shape": shape, "model": str(model), "data": str(data),
             "out": str(work / f"run-{name}"), "pairs": pairs, "plen": plen, "clen": clen,
             "chunked": chunked, "ckpt": ckpt, "timing": timing, "timed_steps": timed,
+            "chunk_bytes": QUICK_CHUNK_BYTES if args.quick else None,
         }  # fmt: skip
         t1 = time.perf_counter()
         try:
@@ -312,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     unmet = [n for n, f in figs.items() if f["met"] is False]
     summary = {
         "mode": "self-check" if args.self_check else "quick" if args.quick else "full",
+        "shapes": sorted({f"{c[1]}{suffix}" for c in CONFIGS}),
         "pairs": pairs,
         "prompt_tokens": plen,
         "completion_tokens": clen,

@@ -225,7 +225,7 @@ def estimate_training_memory(
     else:
         temperature = 4 if spec.logps_temperature != 1.0 else 0
         forward = low + 4 + temperature  # logits, their fp32 copy (and ÷ T)
-        backward = 8  # logsumexp's exp and the gradient, fp32
+        backward = 12  # logsumexp's exp, its product with the gradient, gather's zeros: fp32
         elems = kept * v
         aux_elems = aux * (length - spec.max_prompt_length) * v
         logits = max(

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -99,3 +101,34 @@ def test_self_check_runs_every_configuration(tmp_path):
         assert figures[name]["value"] >= 0 and figures[name]["target"].startswith("<= ")
     step_time = figures["smollm2.step_time_ratio"]
     assert step_time["value"] > 0 and step_time["target"].startswith("<= ")
+
+
+def test_quick_shapes_keep_each_roles_proportions():
+    """--quick scales the shapes down but keeps what each role is about: the vocabulary's
+    4·V bytes a token dominate the layers' saves in "vocab" (several times over), and are a
+    small share in "smollm2" (so the head keeps its softmax, as at the full size); the head's
+    share of the weights stays SmolLM2's within a few points."""
+    from contract.memory import keeps_softmax, layer_bytes
+    from contract.spec import JobSpec
+
+    job = JobSpec.model_validate(
+        {"base_model": "x", "training_file": "f", "objective": "dpo", "precision": "fp32"}
+    )
+
+    def vocab_over_layers(name: str) -> float:
+        s = memory_scale.SHAPES[name]
+        return 4 * s.vocab_size / (s.num_layers * layer_bytes(s, job, 512))
+
+    for role in ("vocab", "smollm2"):
+        full, quick = memory_scale.SHAPES[role], memory_scale.SHAPES[f"{role}-quick"]
+        assert quick.params < full.params / 4  # what makes --quick quick
+        assert keeps_softmax(job, quick, False) == keeps_softmax(job, full, False)
+    assert vocab_over_layers("vocab") > 3 and vocab_over_layers("vocab-quick") > 3
+    assert vocab_over_layers("smollm2-quick") == pytest.approx(vocab_over_layers("smollm2"), 0.2)
+
+    def head_share(s) -> float:
+        return s.vocab_size * s.hidden_size / s.params
+
+    assert head_share(memory_scale.SHAPES["smollm2-quick"]) == pytest.approx(
+        head_share(memory_scale.SHAPES["smollm2"]), abs=0.03
+    )
