@@ -13,7 +13,6 @@ example per micro-batch fits; with it set, at that grad_accum. The 422 names wha
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -134,16 +133,16 @@ def model_shape(base_model: str) -> ModelShape | None:
     config.json of the allowed model directory when this API process can read it."""
     if base_model in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[base_model]
-    path = Path(base_model).expanduser() / "config.json"
+    path = Path(base_model).expanduser()
     try:
-        return _shape_of(str(path), path.stat().st_mtime_ns)
+        return _shape_of(str(path), (path / "config.json").stat().st_mtime_ns)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 
 @lru_cache(maxsize=64)
-def _shape_of(path: str, mtime_ns: int) -> ModelShape:
-    return ModelShape.from_config(json.loads(Path(path).read_text()))
+def _shape_of(model_dir: str, mtime_ns: int) -> ModelShape:
+    return ModelShape.from_model_dir(model_dir)
 
 
 def check_memory(

@@ -3,8 +3,10 @@ built-in models' shapes, so the API can estimate them without their files. Torch
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -21,6 +23,12 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> ModelShape:
+        """From a model directory's config.json (OSError, ValueError when it has none or it
+        does not parse): the one reader the trainer and the API share."""
+        return cls.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:

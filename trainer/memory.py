@@ -127,7 +127,7 @@ def choose_micro_batch_here(
     world, device = accelerator.num_processes, accelerator.device
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # processes on this node
     room = least_across_ranks(available_bytes(device, local), device)
-    shape = ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    shape = ModelShape.from_model_dir(model_dir)
     choice = choose_micro_batch(spec, shape, room, world=world, device=device.type)
     asked = read_micro_batch_file(out_dir) if resume else None
     per_process = spec.examples_per_batch // world
