@@ -153,7 +153,7 @@ class Lookahead:
                 group = ahead[i : i + size]
                 batch = self.collate_fn([row for _, row in group])
                 lp = token_logps(self.model, batch, self.temperature)
-                for (s, row), values in zip(group, _split_rows(lp, batch.mask), strict=True):
+                for (s, row), values in zip(group, _split_rows(lp, batch), strict=True):
                     cache.setdefault(s, {})[row] = values
         self.cache = cache
 
@@ -166,10 +166,12 @@ class Lookahead:
             values = [rows[row] for row in batch.all_rows()]
         except KeyError:
             raise RuntimeError(f"no reference log-probs for step {step} micro {micro}") from None
-        mask = batch.row_mask()
-        out = torch.zeros(mask.shape, dtype=values[0].dtype, device=values[0].device)
-        out[mask > 0] = torch.cat(values).to(out.device)
-        return out
+        shape = (len(batch.all_rows()), max(batch.mask.shape[1], _aux_width(batch)))
+        out = torch.zeros(shape, dtype=values[0].dtype, device=values[0].device)
+        # integer positions (TokenBatch.row_kept), not out[mask > 0]: a boolean index makes
+        # the host wait for the device to count the mask
+        kept = batch.row_kept().to(out.device)
+        return out.view(-1).index_copy_(0, kept, torch.cat(values).to(out.device)).view(shape)
 
     def state_dict(self) -> dict:
         return {
@@ -196,16 +198,23 @@ class Lookahead:
         for key, lp in state.get("cache", {}).items():
             s, m = (int(x) for x in key.split(":"))
             batch = self.batch_fn(s, m)
-            split = _split_rows(lp, batch.row_mask())
+            split = _split_rows(lp, batch)
             for row, values in zip(batch.all_rows(), split, strict=True):
                 self.cache.setdefault(s, {})[row] = values.to(device)
 
 
-def _split_rows(lp: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-    """Each row's completion-token log-probs, in order (a row's mask marks exactly its
-    completion tokens, in any batch layout)."""
-    keep = mask.to(lp.device) > 0
-    return [row[k] for row, k in zip(lp, keep, strict=True)]
+def _split_rows(lp: torch.Tensor, batch: TokenBatch) -> list[torch.Tensor]:
+    """Each row's completion-token log-probs, in order, from `lp` in `batch.row_mask()`'s
+    layout (a row's mask marks exactly its completion tokens, in any batch layout). `batch`
+    is the host batch: the rows' counts come from its mask, the positions from `row_kept`,
+    so the device is never asked (a boolean index per row would make the host wait)."""
+    counts = batch.row_mask().sum(dim=1).long().tolist()
+    flat = lp.reshape(-1).index_select(0, batch.row_kept().to(lp.device))
+    return list(flat.split(counts))
+
+
+def _aux_width(batch: TokenBatch) -> int:
+    return batch.aux.mask.shape[1] if batch.aux is not None else 0
 
 
 def make_reference(

@@ -173,6 +173,21 @@ class TokenBatch:
         return torch.cat([pad(self.mask), pad(self.aux.mask)])
 
 
+    def row_kept(self) -> torch.Tensor:
+        """[K + Ka] flat indices of `row_mask()`'s completion tokens, row by row (the rows, then
+        the aux rows): `kept` re-based onto the [N + M, W] layout with integer arithmetic on
+        whatever device the batch is, so nobody has to ask the device where the mask is set."""
+        assert self.kept is not None  # set by __post_init__
+        if self.aux is None:
+            return self.kept
+        assert self.aux.kept is not None
+        n, t, ta = self.mask.shape[0], self.mask.shape[1], self.aux.mask.shape[1]
+        width = max(t, ta)
+        rows = self.kept // t * width + self.kept % t
+        aux = (self.aux.kept // ta + n) * width + self.aux.kept % ta
+        return torch.cat([rows, aux])
+
+
 def _tensors_to(obj, device: torch.device | str):
     """A copy of dataclass `obj` whose tensor fields are on `device` (other fields as they are)."""
     values = {f.name: getattr(obj, f.name) for f in fields(obj)}

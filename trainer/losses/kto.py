@@ -50,7 +50,7 @@ def kto_loss(
         z0 = (everyone.sum() / (everyone != 0).sum().clamp(min=1)).clamp(min=0)
 
     # counted on the host copy the recipe passes (no device sync): it decides which metrics exist
-    n_d = int(labels.sum()) if labels.device.type == "cpu" else None
+    n_d = int(sum(labels.tolist())) if labels.device.type == "cpu" else None
     desirable = labels.to(reward.device, non_blocking=True).bool()
     # One expression for both kinds: the sign flips the margin, the weight picks λ_D or λ_U.
     # Built in the reward's dtype: torch.where on Python floats would round λ through float32.
