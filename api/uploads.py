@@ -72,6 +72,7 @@ class ValidUpload:
     format: str
     records: int
     warnings: tuple[str, ...] = ()  # columns the format does not read (contract.data)
+    fields: dict[str, Any] | None = None  # prompt files: contract.items.FieldProfile as JSON
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ class UploadChecker:
         self._result = ValidUpload(
             self.size, self.digest.hexdigest(), report.format, report.records,
             tuple(report.warnings),
+            report.fields.as_json() if report.fields is not None else None,
         )
         return self._result
 

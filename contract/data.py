@@ -7,7 +7,9 @@ Records are normalised so the rest of the code sees one shape per format:
 - preference: {"prompt", "chosen", "rejected"}; each a string, or (conversational) a list of
   {"role", "content"} messages with the prompt ending before the assistant's turn;
 - unpaired: {"prompt", "completion", "label": bool};
-- prompt: {"prompt", "answer"?, ...extra columns kept for reward functions};
+- prompt: {"prompt", "answer"?, ...extra columns kept for reward functions}; OpenAI's
+  reinforcement lines, {"messages": [...], ...the item's fields}, normalise to it (the
+  messages become the prompt, every other field is kept for the graders);
 - eval_instruction: {"instruction", "output", "generator"?};
 - eval_math: {"problem", "answer", "level"?, "subject"?}.
 """
@@ -19,6 +21,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
+
+from contract.items import FieldProfile
 
 Format = Literal["preference", "unpaired", "prompt", "eval_instruction", "eval_math"]
 TRAIN_FORMATS: tuple[Format, ...] = ("preference", "unpaired", "prompt")
@@ -95,6 +99,7 @@ class ValidationReport:
     errors: list[LineError] = field(default_factory=list)
     error_count: int = 0
     unknown_keys: dict[str, int] = field(default_factory=dict)  # column -> first line
+    fields: FieldProfile | None = None  # prompt files: which lines hold which fields
 
     @property
     def warnings(self) -> list[str]:
@@ -215,8 +220,44 @@ def _unpaired(obj: dict) -> dict:
 
 
 def _prompt(obj: dict) -> dict:
+    if "prompt" not in obj and "messages" in obj:
+        return _reinforcement_prompt(obj)
     out = dict(obj)
     out["prompt"] = _text_or_messages(obj.get("prompt"), "prompt")
+    if "answer" in obj and not isinstance(obj["answer"], (str, int, float)):
+        raise RecordError("answer", "must be a string or a number")
+    if "answer" in obj:
+        out["answer"] = str(obj["answer"])
+    return out
+
+
+# Fields of a chat request that a prompt line cannot honour: the model would be sampled
+# without them, silently (tool calling is not offered).
+_UNSUPPORTED_PROMPT_FIELDS = ("tools", "functions", "tool_choice", "parallel_tool_calls")
+
+
+def _reinforcement_prompt(obj: dict) -> dict:
+    """OpenAI's reinforcement line: `messages` is the conversation so far (system and user
+    turns, maybe earlier assistant turns), the model writes the next assistant turn; every
+    other field is the item that graders read (`{{item.<field>}}`)."""
+    for name in _UNSUPPORTED_PROMPT_FIELDS:
+        if name in obj:
+            raise RecordError(
+                name, "tool calling is not supported: remove it (prompts are plain chat)"
+            )
+    messages = _messages(obj["messages"], "messages")
+    if not any(m["role"] == "user" for m in messages):
+        raise RecordError("messages", "has no user turn: add the user message the model answers")
+    if messages[-1]["role"] == "assistant":
+        raise RecordError(
+            f"messages[{len(messages) - 1}].role",
+            "the last turn is an assistant turn: reinforcement prompts end with the user "
+            "turn the model answers (remove the answer from messages and put it in a field "
+            "such as 'answer' for the grader); complete conversations are supervised data "
+            "(OpenAI's method 'supervised')",
+        )
+    out = {key: value for key, value in obj.items() if key != "messages"}
+    out["prompt"] = messages
     if "answer" in obj and not isinstance(obj["answer"], (str, int, float)):
         raise RecordError("answer", "must be a string or a number")
     if "answer" in obj:
@@ -268,10 +309,12 @@ def detect_format(obj: dict) -> Format:
         return "eval_math"
     if "prompt" in obj:
         return "prompt"
+    if "messages" in obj:  # OpenAI's reinforcement layout: messages + the item's fields
+        return "prompt"
     raise RecordError(
         "(columns)",
         "unknown format: expected prompt/chosen/rejected, input/preferred_output/"
-        "non_preferred_output, prompt/completion/label, prompt[/answer], "
+        "non_preferred_output, prompt/completion/label, prompt[/answer], messages[/answer], "
         "instruction/output or problem/answer; got " + ", ".join(map(repr, sorted(obj)[:8])),
     )
 
@@ -368,6 +411,11 @@ class JsonlValidator:
             return None
         self.report.format = fmt
         self.report.records += 1
+        if fmt == "prompt":
+            if self.report.fields is None:
+                self.report.fields = FieldProfile.start(record, self._line)
+            else:
+                self.report.fields.note(record, self._line)
         for key in unknown:
             self.report.unknown_keys.setdefault(key, self._line)
         return record
