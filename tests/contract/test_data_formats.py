@@ -277,3 +277,92 @@ def test_an_unknown_format_names_its_keys_printably_even_a_lone_surrogate():
     assert error.field == "(columns)"
     assert "'\\ud800'" in error.message and "'bé'" in error.message
     error.message.encode("utf-8")  # no lone surrogate left in it
+
+
+# --- OpenAI's reinforcement layout: messages + the item's fields ------------------------------
+
+SYSTEM = {"role": "system", "content": "Answer briefly."}
+USER = {"role": "user", "content": "Capital of France?"}
+
+
+def test_openai_reinforcement_lines_are_prompt_data_with_their_fields():
+    line = {"messages": [SYSTEM, USER], "answer": 7, "meta": {"id": "q1"}, "city": "Paris"}
+    report, (record,) = validate([line])
+    assert report.ok and report.format == "prompt" and report.warnings == []
+    # the messages are the prompt; every other field is kept for the graders
+    assert record == {
+        "prompt": [SYSTEM, USER],
+        "answer": "7",
+        "meta": {"id": "q1"},
+        "city": "Paris",
+    }
+    # multi-turn: earlier assistant turns are context, the last turn is the user's
+    turns = [USER, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Why?"}]
+    report, (record,) = validate([{"messages": turns}])
+    assert report.ok and record["prompt"] == turns
+    # a prompt file of our own layout and one of OpenAI's do not mix
+    report, _ = validate([{"prompt": "p"}, {"messages": [USER]}])
+    assert report.ok  # both are the prompt format
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "says"),
+    [
+        ({"messages": []}, "messages", "non-empty list"),
+        ({"messages": "Capital of France?"}, "messages", "non-empty list"),
+        ({"messages": [SYSTEM]}, "messages", "has no user turn"),
+        ({"messages": [USER, {"role": "assistant", "content": "Paris"}]}, "messages[1].role",
+         "the last turn is an assistant turn"),
+        ({"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role", "one of"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content", "empty"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "must be a string"),
+        ({"messages": [USER], "tools": [{"type": "function"}]}, "tools", "not supported"),
+        ({"messages": [USER], "answer": ["a", "b"]}, "answer", "string or a number"),
+    ],
+)  # fmt: skip
+def test_bad_openai_reinforcement_lines_are_refused_with_their_line(line, field, says):
+    good = {"messages": [USER], "answer": "Paris"}
+    report, records = validate([good, line, good])
+    assert not report.ok and len(records) == 2
+    (error,) = report.errors
+    assert (error.line, error.field) == (2, field) and says in error.message, error
+
+
+def test_an_assistant_ending_file_says_what_to_change():
+    report, _ = validate([{"messages": [USER, {"role": "assistant", "content": "Paris"}]}])
+    (error,) = report.errors
+    assert "end with the user turn" in error.message and "supervised" in error.message
+
+
+def test_the_upload_profiles_which_lines_hold_which_fields():
+    lines = [
+        {"messages": [USER], "answer": "a", "id": 1, "note": "x"},
+        b"",  # a blank line: not a record, still a line
+        {"messages": [USER], "answer": "b", "note": None},  # line 3: no id; a null note
+        {"messages": [USER], "answer": "c", "extra": 1},  # line 4: no id nor note
+        {"messages": [USER], "answer": "d"},
+    ]
+    report, _ = validate(lines)
+    profile = report.fields
+    assert report.ok and profile is not None
+    assert profile.first_line_without("answer") is None  # on every line
+    assert profile.first_line_without("id") == 3
+    assert profile.first_line_without("note") == 3  # null counts as absent
+    assert profile.first_line_without("extra") == 1  # not on the first line
+    assert profile.first_line_without("prompt") is None
+    from contract.items import FieldProfile
+
+    assert FieldProfile.from_json(profile.as_json()) == profile  # as stored with the file
+    assert FieldProfile.from_json(None) is None
+    # other formats are not profiled
+    report, _ = validate([{"prompt": "p", "chosen": "a", "rejected": "b"}])
+    assert report.fields is None
+
+
+def test_a_profile_past_its_tracked_fields_refuses_nothing_it_cannot_know():
+    from contract.items import MAX_PROFILED_FIELDS
+
+    wide = {"messages": [USER], **{f"f{i}": i for i in range(MAX_PROFILED_FIELDS + 5)}}
+    report, _ = validate([wide, {"messages": [USER], "f0": 0}])
+    assert report.fields.first_line_without("f1") == 2  # tracked
+    assert report.fields.first_line_without(f"f{MAX_PROFILED_FIELDS + 1}") is None  # not known

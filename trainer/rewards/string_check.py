@@ -5,8 +5,8 @@ sample (``{{sample.output_text}}`` the completion, ``{{item.<field>}}`` a field 
 line; see ``contract.graders``) and an ``operation``: ``eq`` / ``ne`` (equal / not equal),
 ``like`` (the input contains the reference) and ``ilike`` (the same, ignoring case). The short
 form ``field="answer"`` compares the whole completion with that field. The score is 1.0 when
-the check holds, else 0.0. Surrounding whitespace of both sides is ignored, as a model's
-trailing newline is not a wrong answer.
+the check holds, else 0.0. Surrounding whitespace of the completion and of both rendered sides
+is ignored, as a model's trailing newline is not a wrong answer.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class StringCheck:
     ) -> list[float]:
         scores = []
         for text, record in zip(completions, records, strict=True):
+            text = text.strip()
             try:
                 left = render(self.input, text, record)
                 right = render(self.reference, text, record)
