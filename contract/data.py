@@ -22,8 +22,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
-from contract.items import FieldProfile
-
 Format = Literal["preference", "unpaired", "prompt", "eval_instruction", "eval_math"]
 TRAIN_FORMATS: tuple[Format, ...] = ("preference", "unpaired", "prompt")
 EVAL_FORMATS: tuple[Format, ...] = ("eval_instruction", "eval_math")
@@ -99,7 +97,6 @@ class ValidationReport:
     errors: list[LineError] = field(default_factory=list)
     error_count: int = 0
     unknown_keys: dict[str, int] = field(default_factory=dict)  # column -> first line
-    fields: FieldProfile | None = None  # prompt files: which lines hold which fields
 
     @property
     def warnings(self) -> list[str]:
@@ -220,44 +217,13 @@ def _unpaired(obj: dict) -> dict:
 
 
 def _prompt(obj: dict) -> dict:
-    if "prompt" not in obj and "messages" in obj:
-        return _reinforcement_prompt(obj)
-    out = dict(obj)
-    out["prompt"] = _text_or_messages(obj.get("prompt"), "prompt")
-    if "answer" in obj and not isinstance(obj["answer"], (str, int, float)):
-        raise RecordError("answer", "must be a string or a number")
-    if "answer" in obj:
-        out["answer"] = str(obj["answer"])
-    return out
+    if "prompt" not in obj and "messages" in obj:  # OpenAI's reinforcement layout
+        from contract.items import reinforcement_prompt  # (contract.items imports this module)
 
-
-# Fields of a chat request that a prompt line cannot honour: the model would be sampled
-# without them, silently (tool calling is not offered).
-_UNSUPPORTED_PROMPT_FIELDS = ("tools", "functions", "tool_choice", "parallel_tool_calls")
-
-
-def _reinforcement_prompt(obj: dict) -> dict:
-    """OpenAI's reinforcement line: `messages` is the conversation so far (system and user
-    turns, maybe earlier assistant turns), the model writes the next assistant turn; every
-    other field is the item that graders read (`{{item.<field>}}`)."""
-    for name in _UNSUPPORTED_PROMPT_FIELDS:
-        if name in obj:
-            raise RecordError(
-                name, "tool calling is not supported: remove it (prompts are plain chat)"
-            )
-    messages = _messages(obj["messages"], "messages")
-    if not any(m["role"] == "user" for m in messages):
-        raise RecordError("messages", "has no user turn: add the user message the model answers")
-    if messages[-1]["role"] == "assistant":
-        raise RecordError(
-            f"messages[{len(messages) - 1}].role",
-            "the last turn is an assistant turn: reinforcement prompts end with the user "
-            "turn the model answers (remove the answer from messages and put it in a field "
-            "such as 'answer' for the grader); complete conversations are supervised data "
-            "(OpenAI's method 'supervised')",
-        )
-    out = {key: value for key, value in obj.items() if key != "messages"}
-    out["prompt"] = messages
+        out = reinforcement_prompt(obj)
+    else:
+        out = dict(obj)
+        out["prompt"] = _text_or_messages(obj.get("prompt"), "prompt")
     if "answer" in obj and not isinstance(obj["answer"], (str, int, float)):
         raise RecordError("answer", "must be a string or a number")
     if "answer" in obj:
@@ -411,11 +377,6 @@ class JsonlValidator:
             return None
         self.report.format = fmt
         self.report.records += 1
-        if fmt == "prompt":
-            if self.report.fields is None:
-                self.report.fields = FieldProfile.start(record, self._line)
-            else:
-                self.report.fields.note(record, self._line)
         for key in unknown:
             self.report.unknown_keys.setdefault(key, self._line)
         return record

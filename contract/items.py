@@ -1,14 +1,50 @@
-"""Which lines of a prompt file hold which fields (the items OpenAI's graders read as
-``{{item.<field>}}``), profiled while the file is validated at upload and stored with its row,
-so a job whose grader reads a field that some line lacks is refused at creation without
-reading the file again."""
+"""OpenAI's reinforcement lines and the items in them.
+
+A line is ``{"messages": [...], <the item's fields>}``: `reinforcement_prompt` validates it and
+normalises it to the prompt format (contract.data calls it for a line with `messages` and no
+`prompt`). `FieldProfile` records which lines hold which fields (the items graders read as
+``{{item.<field>}}``) while a file is validated at upload; it is stored with the file's row, so
+a job whose grader reads a field that some line lacks is refused at creation without reading
+the file again.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from contract.data import RecordError, _messages
+
 MAX_PROFILED_FIELDS = 64  # fields of a prompt file's first line whose presence is tracked
+# Fields of a chat request that a prompt line cannot honour: the model would be sampled
+# without them, silently (tool calling is not offered).
+UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "parallel_tool_calls")
+
+
+def reinforcement_prompt(obj: dict) -> dict:
+    """OpenAI's reinforcement line: `messages` is the conversation so far (system and user
+    turns, maybe earlier assistant turns), the model writes the next assistant turn; every
+    other field is the item that graders read (`{{item.<field>}}`). Returns the prompt
+    record `{"prompt": messages, ...fields}`; RecordError naming the field otherwise."""
+    for name in UNSUPPORTED_FIELDS:
+        if name in obj:
+            raise RecordError(
+                name, "tool calling is not supported: remove it (prompts are plain chat)"
+            )
+    messages = _messages(obj["messages"], "messages")
+    if not any(m["role"] == "user" for m in messages):
+        raise RecordError("messages", "has no user turn: add the user message the model answers")
+    if messages[-1]["role"] == "assistant":
+        raise RecordError(
+            f"messages[{len(messages) - 1}].role",
+            "the last turn is an assistant turn: reinforcement prompts end with the user "
+            "turn the model answers (remove the answer from messages and put it in a field "
+            "such as 'answer' for the grader); complete conversations are supervised data "
+            "(OpenAI's method 'supervised')",
+        )
+    out = {key: value for key, value in obj.items() if key != "messages"}
+    out["prompt"] = messages
+    return out
 
 
 @dataclass

@@ -4,9 +4,14 @@ a field that some line lacks is refused at creation, naming the field and the li
 
 from __future__ import annotations
 
+import io
+import json
+
 import openai
 import pytest
 
+from api.uploads import ValidUpload, validate_upload
+from contract.items import MAX_PROFILED_FIELDS, FieldProfile
 from models.tables import File
 from tests.api.conftest import jsonl, upload
 
@@ -120,3 +125,43 @@ def test_native_jobs_check_grader_fields_and_templates_too(client, team_a):
     r = create({"reference": "{{sample.output_json}}"})
     assert r.status_code == 422 and "only {{sample.output_text}}" in r.text, r.text
     assert create({"field": "id", "operation": "ne"}).status_code == 201
+
+
+def _profile(lines) -> tuple[FieldProfile | None, ValidUpload]:
+    """The fields profile an upload of `lines` keeps (a bytes line is sent as it is)."""
+    data = b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
+    valid = validate_upload(io.BytesIO(data), purpose="train", max_bytes=1 << 30,
+                            max_line_bytes=1 << 20)  # fmt: skip
+    return FieldProfile.from_json(valid.fields), valid
+
+
+def test_the_upload_profiles_which_lines_hold_which_fields():
+    lines = [
+        {"messages": [USER], "answer": "a", "id": 1, "note": "x"},
+        b"",  # a blank line: not a record, still a line
+        {"messages": [USER], "answer": "b", "note": None},  # line 3: no id; a null note
+        {"messages": [USER], "answer": "c", "extra": 1},  # line 4: no id nor note
+        {"prompt": "our own layout", "answer": "d"},  # the same format
+    ]
+    profile, valid = _profile(lines)
+    assert valid.format == "prompt" and valid.records == 4 and profile is not None
+    assert profile.first_line_without("answer") is None  # on every line
+    assert profile.first_line_without("id") == 3
+    assert profile.first_line_without("note") == 3  # null counts as absent
+    assert profile.first_line_without("extra") == 1  # not on the first line
+    assert profile.first_line_without("prompt") is None  # every record has its prompt
+    assert FieldProfile.from_json(profile.as_json()) == profile  # as stored with the file
+    assert FieldProfile.from_json(None) is None  # a file stored without one
+    # a BOM before the first line changes no line number
+    profile, _ = _profile([b"\xef\xbb\xbf" + json.dumps(lines[0]).encode(), lines[2]])
+    assert profile is not None and profile.first_line_without("id") == 2
+    # other formats are not profiled
+    assert _profile([{"prompt": "p", "chosen": "a", "rejected": "b"}])[0] is None
+
+
+def test_a_profile_past_its_tracked_fields_refuses_nothing_it_cannot_know():
+    wide = {"messages": [USER], **{f"f{i}": i for i in range(MAX_PROFILED_FIELDS + 5)}}
+    profile, _ = _profile([wide, {"messages": [USER], "f0": 0}])
+    assert profile is not None and not profile.complete
+    assert profile.first_line_without("f1") == 2  # tracked
+    assert profile.first_line_without(f"f{MAX_PROFILED_FIELDS + 1}") is None  # not known

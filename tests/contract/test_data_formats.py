@@ -332,37 +332,3 @@ def test_an_assistant_ending_file_says_what_to_change():
     report, _ = validate([{"messages": [USER, {"role": "assistant", "content": "Paris"}]}])
     (error,) = report.errors
     assert "end with the user turn" in error.message and "supervised" in error.message
-
-
-def test_the_upload_profiles_which_lines_hold_which_fields():
-    lines = [
-        {"messages": [USER], "answer": "a", "id": 1, "note": "x"},
-        b"",  # a blank line: not a record, still a line
-        {"messages": [USER], "answer": "b", "note": None},  # line 3: no id; a null note
-        {"messages": [USER], "answer": "c", "extra": 1},  # line 4: no id nor note
-        {"messages": [USER], "answer": "d"},
-    ]
-    report, _ = validate(lines)
-    profile = report.fields
-    assert report.ok and profile is not None
-    assert profile.first_line_without("answer") is None  # on every line
-    assert profile.first_line_without("id") == 3
-    assert profile.first_line_without("note") == 3  # null counts as absent
-    assert profile.first_line_without("extra") == 1  # not on the first line
-    assert profile.first_line_without("prompt") is None
-    from contract.items import FieldProfile
-
-    assert FieldProfile.from_json(profile.as_json()) == profile  # as stored with the file
-    assert FieldProfile.from_json(None) is None
-    # other formats are not profiled
-    report, _ = validate([{"prompt": "p", "chosen": "a", "rejected": "b"}])
-    assert report.fields is None
-
-
-def test_a_profile_past_its_tracked_fields_refuses_nothing_it_cannot_know():
-    from contract.items import MAX_PROFILED_FIELDS
-
-    wide = {"messages": [USER], **{f"f{i}": i for i in range(MAX_PROFILED_FIELDS + 5)}}
-    report, _ = validate([wide, {"messages": [USER], "f0": 0}])
-    assert report.fields.first_line_without("f1") == 2  # tracked
-    assert report.fields.first_line_without(f"f{MAX_PROFILED_FIELDS + 1}") is None  # not known
