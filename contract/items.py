@@ -21,6 +21,17 @@ MAX_PROFILED_FIELDS = 64  # fields of a prompt file's first line whose presence 
 UNSUPPORTED_FIELDS = ("tools", "functions", "tool_choice", "parallel_tool_calls")
 
 
+def _developer_as_system(messages: Any) -> Any:
+    """OpenAI's `developer` role (its newer name for system instructions, common in files
+    made for reasoning models) as the `system` turn chat templates know."""
+    if not isinstance(messages, list):
+        return messages
+    return [
+        {**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+        for m in messages
+    ]
+
+
 def reinforcement_prompt(obj: dict) -> dict:
     """OpenAI's reinforcement line: `messages` is the conversation so far (system and user
     turns, maybe earlier assistant turns), the model writes the next assistant turn; every
@@ -31,7 +42,7 @@ def reinforcement_prompt(obj: dict) -> dict:
             raise RecordError(
                 name, "tool calling is not supported: remove it (prompts are plain chat)"
             )
-    messages = _messages(obj["messages"], "messages")
+    messages = _messages(_developer_as_system(obj["messages"]), "messages")
     if not any(m["role"] == "user" for m in messages):
         raise RecordError("messages", "has no user turn: add the user message the model answers")
     if messages[-1]["role"] == "assistant":

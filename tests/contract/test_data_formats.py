@@ -300,7 +300,11 @@ def test_openai_reinforcement_lines_are_prompt_data_with_their_fields():
     turns = [USER, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Why?"}]
     report, (record,) = validate([{"messages": turns}])
     assert report.ok and record["prompt"] == turns
-    # a prompt file of our own layout and one of OpenAI's do not mix
+    # OpenAI's developer role is a system turn
+    developer = {"role": "developer", "content": "Answer briefly."}
+    report, (record,) = validate([{"messages": [developer, USER], "answer": "Paris"}])
+    assert report.ok and record["prompt"] == [SYSTEM, USER]
+    # a prompt file of our own layout and one of OpenAI's are one format
     report, _ = validate([{"prompt": "p"}, {"messages": [USER]}])
     assert report.ok  # both are the prompt format
 
