@@ -199,10 +199,16 @@ def _training_file(session: Session, team_id: str, spec: JobSpec) -> Row:
         raise api_error(422, f"file {row.id} is {row.status}, not processed", field="training_file")
     formats = spec.training_formats
     if row.format not in formats:
+        hint = (  # what a prompt line looks like, ours or OpenAI's reinforcement one
+            '; prompt data is lines of {"prompt": ..., "answer": ...} or OpenAI\'s '
+            '{"messages": [...ending with the user turn], <the fields the grader reads>}'
+            if "prompt" in formats
+            else ""
+        )
         raise api_error(
             422,
             f"{spec.objective.name} ({spec.data_source}) trains on {' or '.join(formats)} "
-            f"data; file {row.id} is {row.format}",
+            f"data; file {row.id} is {row.format}{hint}",
             field="training_file",
         )
     return row

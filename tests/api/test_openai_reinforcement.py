@@ -165,3 +165,11 @@ def test_a_profile_past_its_tracked_fields_refuses_nothing_it_cannot_know():
     assert profile is not None and not profile.complete
     assert profile.first_line_without("f1") == 2  # tracked
     assert profile.first_line_without(f"f{MAX_PROFILED_FIELDS + 1}") is None  # not known
+
+
+def test_a_reinforcement_job_on_other_data_says_what_prompt_data_is(oai):
+    preference = _file(oai, [{"prompt": "Q?", "chosen": "a", "rejected": "b"}])
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        oai.fine_tuning.jobs.create(model="tiny-llama", training_file=preference, method=_job())
+    message = caught.value.body["message"]
+    assert "is preference" in message and '{"messages": [...ending with the user turn]' in message
