@@ -19,6 +19,7 @@ from api.caps import check_caps, check_max_runtime, check_memory, check_total_st
 from api.errors import api_error
 from api.owned import owned
 from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest, judge_url
+from contract.items import FieldProfile
 from contract.spec import JobSpec
 from models import jobs as job_states
 from models.settings import Settings
@@ -47,6 +48,7 @@ def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
         check_eval_file(session, team_id, ev, where=f"evaluations.{i}.")
         check_judge(ev, settings, where=f"evaluations.{i}.")
     training_file = _training_file(session, team_id, spec)
+    _check_reward_fields(spec, training_file)
     # Stored and returned resolved: every default the run will use is a value, never null.
     # (max_runtime stored too: the worker holds the job to it)
     resolved = spec.resolved().model_copy(update={"max_runtime": max_runtime})
@@ -149,8 +151,35 @@ def _check_reward_models(spec: JobSpec, allowed: tuple[str, ...]) -> None:
             )
 
 
+def _check_reward_fields(spec: JobSpec, file: Row) -> None:
+    """Every field a reward reads (a grader's `{{item.<field>}}`) is on every line of the
+    training file, as its upload profiled it; else 422 naming the field and the first line
+    without it. (A file uploaded before profiles were kept is not checked here.)"""
+    profile = FieldProfile.from_json(file.item_fields)
+    if profile is None or spec.online is None:
+        return
+    for i, reward in enumerate(spec.online.rewards):
+        for name in reward.item_fields():
+            line = profile.first_line_without(name)
+            if line is not None:
+                raise api_error(
+                    422,
+                    f"reward {reward.name} reads {{{{item.{name}}}}} but line {line} of file "
+                    f"{file.id} has no field {name!r}: add {name!r} to every line, or read a "
+                    "field every line has",
+                    field=f"online.rewards.{i}.options",
+                )
+
+
 _TRAINING_FILE = select(
-    File.id, File.team_id, File.purpose, File.status, File.format, File.records, File.bytes
+    File.id,
+    File.team_id,
+    File.purpose,
+    File.status,
+    File.format,
+    File.records,
+    File.bytes,
+    File.item_fields,
 ).where(File.id == bindparam("file_id"))
 
 
@@ -170,10 +199,16 @@ def _training_file(session: Session, team_id: str, spec: JobSpec) -> Row:
         raise api_error(422, f"file {row.id} is {row.status}, not processed", field="training_file")
     formats = spec.training_formats
     if row.format not in formats:
+        hint = (  # what a prompt line looks like, ours or OpenAI's reinforcement one
+            '; prompt data is lines of {"prompt": ..., "answer": ...} or OpenAI\'s '
+            '{"messages": [...ending with the user turn], <the fields the grader reads>}'
+            if "prompt" in formats
+            else ""
+        )
         raise api_error(
             422,
             f"{spec.objective.name} ({spec.data_source}) trains on {' or '.join(formats)} "
-            f"data; file {row.id} is {row.format}",
+            f"data; file {row.id} is {row.format}{hint}",
             field="training_file",
         )
     return row

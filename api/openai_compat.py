@@ -6,9 +6,10 @@ OpenAI's objects. Only the mapping lives here: no SQL, no HTTP.
 
 - `method.type = "dpo"`: our offline DPO; `beta`, `batch_size`, `n_epochs` and
   `learning_rate_multiplier` (× our DPO learning rate) map one to one.
-- `method.type = "reinforcement"`: our online GRPO, when the grader is a `string_check` of the
-  whole sample against a column of the training record (our registered `string_check`
-  reward). Any other grader is a 400 that says what we support.
+- `method.type = "reinforcement"`: our online GRPO, when the grader is a `string_check` whose
+  templates read `{{sample.output_text}}` and `{{item.<field>}}` (our registered
+  `string_check` reward renders them per sample). A grader that needs code or an outside
+  model (python, score_model, label_model, text_similarity, multi) is a 400 naming its type.
 - `method.type = "supervised"` (also OpenAI's default): a 400 naming what we offer instead.
 - Our extensions travel in the body beside OpenAI's fields (the `openai` package sends them
   with `extra_body=`): `humanline` (`true`, or the humanline parameters, e.g.
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.errors import api_error
 from api.schemas import unix_seconds
+from contract.rewards import string_check_templates
 from contract.spec import DPOConfig, GRPOConfig, HumanlineParams, OnlineConfig
 from models.jobs import exported_model
 from models.tables import Checkpoint, Job, JobEvent
@@ -101,34 +103,50 @@ def _bad(message: str, param: str) -> HTTPException:
     return api_error(400, message, field=param)
 
 
+# OpenAI's other graders, and why none runs here.
+_REFUSED_GRADERS = {
+    "python": "it runs user code, which never runs in a worker",
+    "score_model": "it needs an outside model",
+    "label_model": "it needs an outside model",
+    "endpoint": "it calls an outside endpoint",
+    "multi": "it combines graders with a user formula",
+    "text_similarity": "its metrics are not implemented",
+}
+
+
 def _reinforcement_reward(grader: dict[str, Any] | None) -> dict[str, Any]:
-    """OpenAI's grader → our registered reward (only `string_check` has a twin)."""
+    """OpenAI's grader → our registered reward (only `string_check` has a twin). Its
+    templates (`input`, `reference`) read `{{sample.output_text}}` and `{{item.<field>}}`;
+    the trainer renders them for every sample (contract.graders)."""
     param = "method.reinforcement.grader"
     if not grader:
         raise _bad("reinforcement needs a grader", param)
     kind = grader.get("type")
     if kind != "string_check":
+        why = _REFUSED_GRADERS.get(str(kind), "it is not one of OpenAI's graders")
         raise _bad(
-            f"grader type {kind!r} is not supported: graders run only as registered rewards, "
-            "and the one OpenAI grader we implement is string_check of "
-            "'{{sample.output_text}}' against '{{item.<column>}}' (eq, ne, like, ilike)",
-            param,
-        )
-    field = _ITEM_FIELD.match(str(grader.get("reference", "")))
-    if not _SAMPLE_TEXT.match(str(grader.get("input", ""))) or field is None:
-        raise _bad(
-            "string_check must compare '{{sample.output_text}}' (input) with "
-            "'{{item.<column>}}' (reference)",
+            f"grader type {kind!r} is not supported ({why}): graders run only as registered "
+            "rewards, and the one OpenAI grader we implement is string_check (eq, ne, like, "
+            "ilike) of templates reading '{{sample.output_text}}' and '{{item.<field>}}'",
             param,
         )
     operation = grader.get("operation", "eq")
     if operation not in ("eq", "ne", "like", "ilike"):
         raise _bad(f"unknown string_check operation {operation!r}", f"{param}.operation")
-    return {
-        "name": "string_check",
-        "weight": 1.0,
-        "options": {"operation": operation, "field": field.group(1)},
-    }
+    input_, reference = grader.get("input"), grader.get("reference")
+    for name, value in (("input", input_), ("reference", reference)):
+        if not isinstance(value, str):
+            raise _bad(f"string_check needs '{name}', a template string", f"{param}.{name}")
+    field = _ITEM_FIELD.match(str(reference))
+    if _SAMPLE_TEXT.match(str(input_)) and field is not None:  # the usual grader
+        options: dict[str, Any] = {"operation": operation, "field": field.group(1)}
+    else:
+        options = {"operation": operation, "input": input_, "reference": reference}
+    try:
+        string_check_templates(options)
+    except ValueError as exc:
+        raise _bad(f"string_check: {exc}", param) from None
+    return {"name": "string_check", "weight": 1.0, "options": options}
 
 
 def _positive_int(spec: dict[str, Any], section: str, key: str) -> int | None:
@@ -248,11 +266,12 @@ def _method(spec: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"hyperparameters": hyper}
         if grader is not None:
             options = grader.get("options", {})
+            field = str(options.get("field", "answer"))
             body["grader"] = {
                 "type": "string_check",
                 "name": "string_check",
-                "input": "{{sample.output_text}}",
-                "reference": "{{item." + str(options.get("field", "answer")) + "}}",
+                "input": options.get("input", "{{sample.output_text}}"),
+                "reference": options.get("reference", "{{item." + field + "}}"),
                 "operation": options.get("operation", "eq"),
             }
         return {"type": "reinforcement", "reinforcement": body}

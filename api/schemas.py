@@ -105,7 +105,11 @@ class FileOut(RowOut):
 
     @classmethod
     def derived(cls, row: Any) -> dict[str, Any]:
-        return {"warnings": row.warnings or [], "created_at": unix_seconds(row.created_at)}
+        return {
+            "warnings": row.warnings or [],
+            "created_at": unix_seconds(row.created_at),
+            "error": None,  # a stored file was valid (its row's `error` column holds fields)
+        }
 
 
 def unix_seconds(when: datetime) -> int:

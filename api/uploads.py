@@ -35,6 +35,7 @@ from contract.data import (
     JsonlValidator,
     iter_lines,
 )
+from contract.items import FieldProfile
 from storage import ObjectStore
 
 CHUNK = 1 << 20
@@ -72,6 +73,7 @@ class ValidUpload:
     format: str
     records: int
     warnings: tuple[str, ...] = ()  # columns the format does not read (contract.data)
+    fields: dict[str, Any] | None = None  # prompt files: contract.items.FieldProfile as JSON
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class UploadChecker:
         self.validator = JsonlValidator(ALLOWED_FORMATS[purpose], max_line_bytes)
         self.digest = _Sha256InBackground()
         self.size = 0
+        self.fields: FieldProfile | None = None  # prompt files: which lines hold which fields
         self._result: ValidUpload | None = None
         self._finished = False
 
@@ -139,9 +142,13 @@ class UploadChecker:
                 yield chunk
 
         validator = self.validator
+        number = 0
         try:
             for line in iter_lines(counted()):
-                validator.feed(line)
+                number += 1
+                record = validator.feed(line)
+                if record is not None and validator.report.format == "prompt":
+                    self._profile(record, number)
                 if validator.report.error_count >= MAX_ERRORS:
                     break  # enough to fix; do not parse a gigabyte of garbage
                 if ready:
@@ -151,6 +158,12 @@ class UploadChecker:
         finally:
             self.digest.close()
         yield from ready
+
+    def _profile(self, record: dict, line: int) -> None:
+        if self.fields is None:
+            self.fields = FieldProfile.start(record, line)
+        else:
+            self.fields.note(record, line)
 
     def result(self) -> ValidUpload:
         """The verdict once every chunk was checked: the upload, or UploadRejected(422)."""
@@ -174,6 +187,7 @@ class UploadChecker:
         self._result = ValidUpload(
             self.size, self.digest.hexdigest(), report.format, report.records,
             tuple(report.warnings),
+            self.fields.as_json() if self.fields is not None else None,
         )
         return self._result
 

@@ -8,6 +8,9 @@ Torch-free (the API imports it); each decision below is made here, once.
     sync        SyncPolicy: when the reference model moves
     vllm        an online job's vLLM settings
     rewards     the reward sources a job may name (the code: trainer.rewards)
+    graders     OpenAI's grader templates ({{item.x}}, {{sample.output_text}}) and string_check
+    items       OpenAI's reinforcement lines (messages + the item's fields) and which lines
+                hold which fields (profiled at upload)
     evaluation  what an evaluation request names (file, kind, judge, generation)
     data        the training-file formats and the one JSONL validator (BOM handling included)
     runs        the run-directory protocol between worker and trainer: file names, STOP,

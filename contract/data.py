@@ -7,7 +7,9 @@ Records are normalised so the rest of the code sees one shape per format:
 - preference: {"prompt", "chosen", "rejected"}; each a string, or (conversational) a list of
   {"role", "content"} messages with the prompt ending before the assistant's turn;
 - unpaired: {"prompt", "completion", "label": bool};
-- prompt: {"prompt", "answer"?, ...extra columns kept for reward functions};
+- prompt: {"prompt", "answer"?, ...extra columns kept for reward functions}; OpenAI's
+  reinforcement lines, {"messages": [...], ...the item's fields}, normalise to it (the
+  messages become the prompt, every other field is kept for the graders);
 - eval_instruction: {"instruction", "output", "generator"?};
 - eval_math: {"problem", "answer", "level"?, "subject"?}.
 """
@@ -215,8 +217,13 @@ def _unpaired(obj: dict) -> dict:
 
 
 def _prompt(obj: dict) -> dict:
-    out = dict(obj)
-    out["prompt"] = _text_or_messages(obj.get("prompt"), "prompt")
+    if "prompt" not in obj and "messages" in obj:  # OpenAI's reinforcement layout
+        from contract.items import reinforcement_prompt  # (contract.items imports this module)
+
+        out = reinforcement_prompt(obj)
+    else:
+        out = dict(obj)
+        out["prompt"] = _text_or_messages(obj.get("prompt"), "prompt")
     if "answer" in obj and not isinstance(obj["answer"], (str, int, float)):
         raise RecordError("answer", "must be a string or a number")
     if "answer" in obj:
@@ -268,10 +275,12 @@ def detect_format(obj: dict) -> Format:
         return "eval_math"
     if "prompt" in obj:
         return "prompt"
+    if "messages" in obj:  # OpenAI's reinforcement layout: messages + the item's fields
+        return "prompt"
     raise RecordError(
         "(columns)",
         "unknown format: expected prompt/chosen/rejected, input/preferred_output/"
-        "non_preferred_output, prompt/completion/label, prompt[/answer], "
+        "non_preferred_output, prompt/completion/label, prompt[/answer], messages[/answer], "
         "instruction/output or problem/answer; got " + ", ".join(map(repr, sorted(obj)[:8])),
     )
 

@@ -251,6 +251,7 @@ def _register_upload(
             format=valid.format,
             records=valid.records,
             warnings=list(valid.warnings) or None,
+            item_fields=valid.fields,
             status="processed",
             object_key=key,
         )

@@ -156,10 +156,37 @@ def test_reinforcement_with_a_string_check_grader_is_online_grpo(oai, db_session
             "method.reinforcement.grader",
             "string_check",
         ),
-        (
-            {"type": "reinforcement", "reinforcement": {"grader": {**EXACT, "reference": "42"}}},
+        *(
+            (
+                {"type": "reinforcement", "reinforcement": {"grader": {"type": kind}}},
+                "method.reinforcement.grader",
+                f"grader type {kind!r} is not supported",
+            )
+            for kind in ("python", "score_model", "label_model", "text_similarity", "multi")
+        ),
+        (  # a sample variable other than the completion's text
+            {
+                "type": "reinforcement",
+                "reinforcement": {"grader": {**EXACT, "reference": "{{sample.output_json}}"}},
+            },
             "method.reinforcement.grader",
-            "{{item.<column>}}",
+            "only {{sample.output_text}}",
+        ),
+        (  # a grader that never reads the completion
+            {
+                "type": "reinforcement",
+                "reinforcement": {"grader": {**EXACT, "input": "{{item.answer}}"}},
+            },
+            "method.reinforcement.grader",
+            "put {{sample.output_text}} in its input",
+        ),
+        (
+            {
+                "type": "reinforcement",
+                "reinforcement": {"grader": {**EXACT, "operation": "regex"}},
+            },
+            "method.reinforcement.grader.operation",
+            "unknown string_check operation 'regex'",
         ),
     ],
 )

@@ -277,3 +277,62 @@ def test_an_unknown_format_names_its_keys_printably_even_a_lone_surrogate():
     assert error.field == "(columns)"
     assert "'\\ud800'" in error.message and "'bé'" in error.message
     error.message.encode("utf-8")  # no lone surrogate left in it
+
+
+# --- OpenAI's reinforcement layout: messages + the item's fields ------------------------------
+
+SYSTEM = {"role": "system", "content": "Answer briefly."}
+USER = {"role": "user", "content": "Capital of France?"}
+
+
+def test_openai_reinforcement_lines_are_prompt_data_with_their_fields():
+    line = {"messages": [SYSTEM, USER], "answer": 7, "meta": {"id": "q1"}, "city": "Paris"}
+    report, (record,) = validate([line])
+    assert report.ok and report.format == "prompt" and report.warnings == []
+    # the messages are the prompt; every other field is kept for the graders
+    assert record == {
+        "prompt": [SYSTEM, USER],
+        "answer": "7",
+        "meta": {"id": "q1"},
+        "city": "Paris",
+    }
+    # multi-turn: earlier assistant turns are context, the last turn is the user's
+    turns = [USER, {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "Why?"}]
+    report, (record,) = validate([{"messages": turns}])
+    assert report.ok and record["prompt"] == turns
+    # OpenAI's developer role is a system turn
+    developer = {"role": "developer", "content": "Answer briefly."}
+    report, (record,) = validate([{"messages": [developer, USER], "answer": "Paris"}])
+    assert report.ok and record["prompt"] == [SYSTEM, USER]
+    # a prompt file of our own layout and one of OpenAI's are one format
+    report, _ = validate([{"prompt": "p"}, {"messages": [USER]}])
+    assert report.ok  # both are the prompt format
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "says"),
+    [
+        ({"messages": []}, "messages", "non-empty list"),
+        ({"messages": "Capital of France?"}, "messages", "non-empty list"),
+        ({"messages": [SYSTEM]}, "messages", "has no user turn"),
+        ({"messages": [USER, {"role": "assistant", "content": "Paris"}]}, "messages[1].role",
+         "the last turn is an assistant turn"),
+        ({"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role", "one of"),
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content", "empty"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content", "must be a string"),
+        ({"messages": [USER], "tools": [{"type": "function"}]}, "tools", "not supported"),
+        ({"messages": [USER], "answer": ["a", "b"]}, "answer", "string or a number"),
+    ],
+)  # fmt: skip
+def test_bad_openai_reinforcement_lines_are_refused_with_their_line(line, field, says):
+    good = {"messages": [USER], "answer": "Paris"}
+    report, records = validate([good, line, good])
+    assert not report.ok and len(records) == 2
+    (error,) = report.errors
+    assert (error.line, error.field) == (2, field) and says in error.message, error
+
+
+def test_an_assistant_ending_file_says_what_to_change():
+    report, _ = validate([{"messages": [USER, {"role": "assistant", "content": "Paris"}]}])
+    (error,) = report.errors
+    assert "end with the user turn" in error.message and "supervised" in error.message

@@ -295,3 +295,19 @@ def test_string_check_reward_matches_openais_operations():
         "like": [1.0, 0.0, 1.0, 0.0],
         "ilike": [1.0, 0.0, 1.0, 1.0],
     }
+
+
+def test_string_check_renders_openais_templates_with_each_records_fields():
+    """The grader's templates read each sample's own record: `{{item.<field>}}` renders the
+    line's field, `{{sample.output_text}}` the completion."""
+    grader = StringCheck(
+        "eq", input="Answer: {{sample.output_text}}", reference="Answer: {{item.city}}"
+    )
+    records = [{"city": "Paris"}, {"city": "Lyon"}, {"city": "Paris"}]
+    assert grader(["p"] * 3, ["Paris", "Paris", " Paris\n"], records) == [1.0, 0.0, 1.0]
+    nested = StringCheck("ilike", reference="{{item.meta.code}}")  # input: the completion
+    assert nested(["p"] * 2, ["code XY-1", "no"], [{"meta": {"code": "xy-1"}}] * 2) == [1.0, 0.0]
+    with pytest.raises(ValueError, match=r"\{\{item.city\}\}, which a training line lacks"):
+        grader(["p"], ["Paris"], [{"answer": "Paris"}])
+    with pytest.raises(ValueError, match="must read the completion"):
+        StringCheck("eq", input="{{item.a}}", reference="{{item.b}}")

@@ -1,16 +1,20 @@
-"""The official `openai` package drives a humanline DPO job end to end through the embedded
-worker: upload with purpose fine-tune, create with extensions, follow to `succeeded`, read
-its events, checkpoints and fine-tuned model."""
+"""The official `openai` package drives jobs end to end through the embedded worker: a
+humanline DPO job (upload with purpose fine-tune, create with extensions, follow to
+`succeeded`, read its events, checkpoints and fine-tuned model) and a reinforcement job on a
+file in OpenAI's own format graded by string_check."""
 
 from __future__ import annotations
 
 import openai
+import pytest
 from fastapi.testclient import TestClient
 from openai.types.fine_tuning import FineTuningJob
+from sqlalchemy import select
 
 from api.main import create_app
+from models.tables import JobMetric
 from models.teams import create_api_key
-from tests.worker.conftest import PREFERENCE, wait_for
+from tests.worker.conftest import PREFERENCE, jsonl, wait_for
 from worker import embedded
 
 
@@ -51,6 +55,89 @@ def test_openai_client_runs_a_dpo_job_to_success(local):
         steps = sorted(c.step_number for c in oai.fine_tuning.jobs.checkpoints.list(job.id))
         assert steps == [2, 3]
         assert oai.models.retrieve(done.fine_tuned_model).owned_by == local.team_id
+    finally:
+        embedded.stop()
+        http.close()
+
+
+# OpenAI's reinforcement layout: the conversation so far in `messages`, the item's fields
+# beside it. Half the items' answers are empty (every completion contains "": score 1), half
+# a string a random tiny model never writes (score 0): the round's mean reward is 1/2 only if
+# the grader rendered each line's own `{{item.answer}}`.
+REINFORCEMENT = jsonl(
+    [
+        {
+            "messages": [
+                {"role": "system", "content": "Answer with one word."},
+                {"role": "user", "content": f"Say the word number {i}."},
+            ],
+            "answer": "" if i % 2 else "qqzzqqzzqq",
+            "id": f"item-{i}",
+        }
+        for i in range(8)
+    ]
+)
+
+
+def test_openai_client_runs_a_reinforcement_job_in_openais_format(local):
+    with local.sessions() as s:
+        _, secret = create_api_key(s, local.team_id)
+        s.commit()
+    http = TestClient(create_app(local.settings, session_factory=local.sessions))
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key=secret, http_client=http)
+    embedded.start(local.settings)
+    try:
+        training = oai.files.create(file=("rft.jsonl", REINFORCEMENT), purpose="fine-tune")
+        assert training.status == "processed"
+        grader = {
+            "type": "string_check",
+            "name": "contains the answer",
+            "input": "{{ sample.output_text }}",
+            "reference": "{{ item.answer }}",
+            "operation": "ilike",
+        }
+        job = oai.fine_tuning.jobs.create(
+            model="tiny-llama",
+            training_file=training.id,
+            method={
+                "type": "reinforcement",
+                "reinforcement": {"grader": grader, "hyperparameters": {"batch_size": 16}},
+            },
+            extra_body={
+                "spec": {
+                    "max_steps": 2,
+                    "max_length": 160,
+                    "max_prompt_length": 128,  # the chat template's tokens too
+                    "quality_sample": 0,
+                    "online": {
+                        "num_samples": 2,
+                        "max_new_tokens": 6,
+                        "sample_every": 1,
+                        "engine": "hf",
+                        "zero_variance_groups": "keep",  # each item scores all 0 or all 1
+                    },
+                }
+            },
+        )
+        assert job.method.reinforcement.grader.reference == "{{item.answer}}"
+
+        def finished():
+            j = oai.fine_tuning.jobs.retrieve(job.id)
+            return j if j.status in ("succeeded", "failed", "cancelled") else None
+
+        done = FineTuningJob.model_validate(wait_for(finished, 300, 0.2, "the job").model_dump())
+        assert done.status == "succeeded", done.error
+        with local.sessions() as s:
+            rows = s.scalars(
+                select(JobMetric).where(JobMetric.job_id == job.id).order_by(JobMetric.step)
+            ).all()
+        rounds = [r.values for r in rows if "round/index" in r.values]
+        assert len(rounds) == 2
+        for stats in rounds:  # >= 8 prompts a round (16 sequences in groups of 2): both kinds
+            mean, prompts = stats["reward/string_check"], stats["round/prompts"]
+            assert prompts >= 8 and 0 < mean < 1, stats
+            # every completion of a prompt scores its item's own score: k of the prompts score 1
+            assert mean * prompts == pytest.approx(round(mean * prompts)), stats
     finally:
         embedded.stop()
         http.close()
