@@ -15,6 +15,12 @@ peak GiB (torch.cuda.max_memory_allocated), activation MB per token of the micro
 minus the static part, gradients kept allocated), estimate ÷ measured (contract.memory), the
 micro-batch chosen and the GPU-busy share of two profiled steps (the union of CUDA kernel
 intervals, so overlapping streams count once, over their wall time).
+
+Item 4's changes that can be switched inside one trainer are also timed A/B in the 1b.s256
+process (`ab_steps`: steps interleaved on/off/off/on, medians, on ÷ off): chunked log-probs
+against today's full logits (trainer.logps.full_logits) and the kept softmax against the
+recompute (trainer.logps.keep_softmax). Checkpointing is the 1b.s256.ckpt run beside 1b.s256;
+compile and the FSDP2 mixed-precision policy are set when a model is built, so not here.
 """
 
 from __future__ import annotations
@@ -247,6 +253,8 @@ def one_run(r, s, name, shape, adapter, pairs, plen, clen, ckpt, peak_tflops) ->
         step += 1
         tr.step(step)
         act = mem.peak() - static
+        tr.optimizer.zero_grad = zero
+        ab = ab_steps(tr, step + 1, 1 if s.self_check else 3)[0] if name == "1b.s256" else {}
         micro, accum, source = chosen(tr, out)
         active = bool(activation_checkpointing(tr.unwrapped))
         n_params = sum(p.numel() for p in tr.unwrapped.parameters())
@@ -287,10 +295,50 @@ def one_run(r, s, name, shape, adapter, pairs, plen, clen, ckpt, peak_tflops) ->
         r.figure(f"{name}.gpu_busy", busy, ">= 0.90", busy >= 0.90, gpu_only=True)
     else:
         r.figure(f"{name}.gpu_busy", busy)
+    for change, ratio in ab.items():  # item 4's A/B: on ÷ off step time, one process
+        r.figure(f"{name}.ab.{change}.step_time_on_over_off", ratio)
     if name == "scale.8b.lora":
         fits = peak <= GPU_CAP_GIB * 2**30
         r.figure(f"{name}.fits_80gb", fits, "true", fits, gpu_only=True)
     del tr
+
+
+def ab_toggles(tr) -> dict[str, Any]:
+    """name -> (switch on, switch off): each a function returning a context manager in which a
+    step runs with the change on or off (trainer.logps's own switches)."""
+    from trainer import logps
+
+    def keep(on: bool):
+        @contextlib.contextmanager
+        def cm():
+            before = tr.memory.keep_softmax
+            logps.keep_softmax(tr.unwrapped, on)
+            try:
+                yield
+            finally:
+                logps.keep_softmax(tr.unwrapped, before)
+
+        return cm
+
+    return {
+        "chunked_logps": (contextlib.nullcontext, logps.full_logits),
+        "keep_softmax": (keep(True), keep(False)),
+    }
+
+
+def ab_steps(tr, first: int, pairs: int) -> tuple[dict[str, float], int]:
+    """{change: median on-step time ÷ median off-step time} over `pairs` on/off pairs per
+    change, interleaved on/off then off/on; returns the next free step number too."""
+    out, step = {}, first
+    for name, (on, off) in ab_toggles(tr).items():
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(pairs):
+            for state in (True, False) if i % 2 == 0 else (False, True):
+                with (on if state else off)():
+                    times[state].append(tr.step(step)["step_time"])
+                step += 1
+        out[name] = statistics.median(times[True]) / statistics.median(times[False])
+    return out, step
 
 
 def shape_config(model_dir: Path) -> dict:

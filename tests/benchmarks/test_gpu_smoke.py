@@ -67,6 +67,8 @@ def test_self_check_runs_every_part(tmp_path):
         assert 0.5 < figures[f"scale.{run}.estimate_over_measured"]["value"] < 2  # RSS here
     assert figures["scale.1b.s256.mfu"]["target"] == ">= 0.40"
     assert figures["scale.1b.s256.gpu_busy"]["enforced"] is False
+    for change in ("chunked_logps", "keep_softmax"):  # item 4's A/B, in the 1b.s256 process
+        assert figures[f"scale.1b.s256.ab.{change}.step_time_on_over_off"]["value"] > 0
     for adapter in ("full", "lora"):  # reported, no target
         assert figures[f"overhead.{adapter}.model_walk_over_scoped"]["value"] > 0
         assert figures[f"overhead.{adapter}.per_use_copies_over_one_copy"]["value"] > 0
