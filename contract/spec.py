@@ -28,7 +28,7 @@ from contract.rewards import MATH_REWARDS, REWARD_NAMES, RewardSpec
 from contract.sync import ReferenceSync, SyncPolicy
 from contract.vllm import VLLMConfig
 
-ObjectiveName = Literal["dpo", "kto", "grpo"]
+ObjectiveName = Literal["sft", "dpo", "kto", "grpo"]
 DataSource = Literal["offline", "online"]
 Schedule = Literal["constant_with_warmup", "linear", "cosine", "constant"]
 ActivationCheckpointing = Literal["off", "on", "auto"]
@@ -47,6 +47,24 @@ def variant_of(spec: Mapping[str, Any]) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SFTConfig(_Strict):
+    """Supervised fine-tuning: the mean negative log-likelihood of the completion (assistant)
+    tokens over the whole global batch. No reference model, so no humanline and no online
+    sampling (JobSpec refuses both, naming the field)."""
+
+    name: Literal["sft"] = "sft"
+    packing: bool = Field(
+        False,
+        description="Pack short examples into rows of up to max_length tokens; no attention "
+        "crosses examples (position ids restart, the mask is per example), so the loss is the "
+        "unpacked one.",
+    )
+    trains_on: ClassVar[tuple[str, ...]] = ("sft",)
+    default_lr: ClassVar[float] = 2e-5  # TRL's SFT default; OpenAI's multiplier scales it
+    default_batch_size: ClassVar[int] = 32
+    needs_reference: ClassVar[bool] = False
 
 
 class DPOConfig(_Strict):
@@ -89,7 +107,9 @@ class GRPOConfig(_Strict):
     default_batch_size: ClassVar[int] = 64  # sequences: 32 offline pairs (groups of two)
 
 
-Objective = Annotated[DPOConfig | KTOConfig | GRPOConfig, Field(discriminator="name")]
+Objective = Annotated[
+    SFTConfig | DPOConfig | KTOConfig | GRPOConfig, Field(discriminator="name")
+]
 
 
 class HumanlineParams(_Strict):
@@ -340,6 +360,8 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
+        if self.objective.name == "sft":
+            _sft_only(self)
         if self.max_prompt_length >= self.max_length:
             raise ValueError("max_prompt_length must be smaller than max_length")
         if self.data_source == "online" and self.max_steps is None:
@@ -388,6 +410,17 @@ class JobSpec(_Strict):
         return ("prompt",) if self.data_source == "online" else self.objective.trains_on
 
     @property
+    def needs_reference(self) -> bool:
+        """Whether the loss compares the policy with a reference model (SFT's does not)."""
+        return getattr(self.objective, "needs_reference", True)
+
+    @property
+    def rows_per_example(self) -> int:
+        """Sequences scored with a graph per training example: a DPO pair 2, a GRPO group G,
+        a KTO or SFT example 1 (KTO's mismatched rows are scored without a graph)."""
+        return 2 if self.objective.name == "dpo" else self.group_size
+
+    @property
     def lr(self) -> float:
         return self.optim.lr if self.optim.lr is not None else self.objective.default_lr
 
@@ -405,7 +438,8 @@ class JobSpec(_Strict):
 
     @property
     def batch_unit(self) -> str:
-        return {"dpo": "pairs", "kto": "examples", "grpo": "sequences"}[self.objective.name]
+        names = {"sft": "examples", "dpo": "pairs", "kto": "examples", "grpo": "sequences"}
+        return names[self.objective.name]
 
     @property
     def group_size(self) -> int:
@@ -476,6 +510,31 @@ class JobSpec(_Strict):
             "reference_sync": self.sync,
             "sync_every": self.humanline_params.sync_every,
         }
+
+
+def _sft_only(spec: JobSpec) -> None:
+    """SFT has no reference model: the humanline variants (which clip the policy's log-ratio
+    to a reference) and online sampling (which trains on scored samples) do not apply."""
+    if spec.humanline:
+        _field_error(
+            "variant",
+            "sft has no humanline variant: humanline clips each token's log-ratio against a "
+            "reference model and supervised fine-tuning has none; use variant 'offline'",
+            spec.variant,
+        )
+    if spec.data_source == "online" or spec.online is not None:
+        _field_error(
+            "online",
+            "sft trains on the completions of its training file: online sampling (data_source "
+            "'online', 'online' settings) needs a preference objective (dpo, kto or grpo)",
+            spec.data_source,
+        )
+    if spec.reference_sync not in (None, "none"):
+        _field_error(
+            "reference_sync",
+            "sft has no reference model to sync; leave reference_sync unset or 'none'",
+            spec.reference_sync,
+        )
 
 
 def _field_error(field: str, message: str, value: Any) -> None:
