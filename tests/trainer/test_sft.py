@@ -247,3 +247,57 @@ def test_sft_resume_is_bitwise_identical(tmp_path, sft_file, lora, no_reference_
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+# ---- distributed ---------------------------------------------------------------------------------
+def _fsdp(spec: JobSpec) -> JobSpec:
+    return spec.model_copy(
+        update={"parallelism": spec.parallelism.model_copy(update={"strategy": "fsdp"})}
+    )
+
+
+def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(out / "checkpoints" / f"step-{step}" / "weights.safetensors")
+
+
+def test_one_process_fsdp_equals_the_plain_run(tmp_path, sft_file):
+    spec = _spec(
+        sft_file, objective={"name": "sft", "packing": True}, max_steps=3, grad_accum=2
+    )
+    train(spec, tmp_path / "plain", progress=False)
+    assert train(_fsdp(spec), tmp_path / "fsdp", progress=False).status == "succeeded"
+    for a, b in zip(_metrics(tmp_path / "plain"), _metrics(tmp_path / "fsdp"), strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    one, two = _weights(tmp_path / "plain", 3), _weights(tmp_path / "fsdp", 3)
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one(tmp_path, sft_file, strategy):
+    """Two gloo ranks with packing (their micro-batches pack into different row and token
+    counts): the step is still the global batch's token mean, as one process computes it."""
+    import subprocess
+    import sys
+
+    from worker.launch import trainer_command
+    from worker.routing import Placement, trainer_env
+
+    spec = _spec(sft_file, objective={"name": "sft", "packing": True}, max_steps=3, grad_accum=2)
+    spec = _fsdp(spec) if strategy == "fsdp" else spec
+    train(spec, tmp_path / "one", progress=False)
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    place = Placement(2, cpu=True)
+    argv = trainer_command(sys.executable, path, tmp_path / "two", resume=False, place=place)
+    env = {**trainer_env(place), "OMP_NUM_THREADS": "1"}
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=repo, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = _weights(tmp_path / "one", 3), _weights(tmp_path / "two", 3)
+    assert one.keys() == two.keys()
+    assert max((one[k] - two[k]).abs().max().item() for k in one) <= 2e-5
+    for a, b in zip(_metrics(tmp_path / "one"), _metrics(tmp_path / "two"), strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
