@@ -47,6 +47,8 @@ def parse_sft(obj: dict) -> dict:
         if key in obj:
             raise RecordError(key, NO_TOOLS)
     messages = obj["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise RecordError("messages", "must be a non-empty list of messages")
     checks = [lambda m=m, i=i: _turn(m, f"messages[{i}]") for i, m in enumerate(messages)]
     turns = _each(*checks)
     if turns[0]["role"] == "assistant":

@@ -135,7 +135,9 @@ def _per_example(lp, batch) -> dict[TokenSeq, torch.Tensor]:
     k = 0
     for r in range(lp.shape[0]):
         at = 0
-        while k < len(batch.rows) and at + _len(batch.rows[k]) <= int(batch.attention_mask[r].sum()):
+        while k < len(batch.rows) and at + _len(batch.rows[k]) <= int(
+            batch.attention_mask[r].sum()
+        ):
             seq = batch.rows[k]
             n_p, n = len(seq.prompt_ids), _len(seq)
             sl = slice(at + n_p - 1, at + n - 1)  # the logits predicting its completion
@@ -263,9 +265,7 @@ def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_one_process_fsdp_equals_the_plain_run(tmp_path, sft_file):
-    spec = _spec(
-        sft_file, objective={"name": "sft", "packing": True}, max_steps=3, grad_accum=2
-    )
+    spec = _spec(sft_file, objective={"name": "sft", "packing": True}, max_steps=3, grad_accum=2)
     train(spec, tmp_path / "plain", progress=False)
     assert train(_fsdp(spec), tmp_path / "fsdp", progress=False).status == "succeeded"
     for a, b in zip(_metrics(tmp_path / "plain"), _metrics(tmp_path / "fsdp"), strict=True):
