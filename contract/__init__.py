@@ -2,14 +2,16 @@
 
 Torch-free (the API imports it); each decision below is made here, once.
 
-    spec        JobSpec, the job spec every process validates with (resolved defaults)
+    spec        JobSpec, the job spec every process validates with (resolved defaults);
+                sft_spec the SFT objective's config, humanline_params humanline's section
     presets     the paper's two testbeds (instruction, math) as bundles of defaults
     parallel    `parallelism`: DDP or FSDP2 for a multi-process job
     sync        SyncPolicy: when the reference model moves
     vllm        an online job's vLLM settings
     rewards     the reward sources a job may name (the code: trainer.rewards)
     evaluation  what an evaluation request names (file, kind, judge, generation)
-    data        the training-file formats and the one JSONL validator (BOM handling included)
+    data        the training-file formats and the one JSONL validator (BOM handling included);
+                sft_data the SFT formats (prompt/completion, OpenAI's chat messages)
     runs        the run-directory protocol between worker and trainer: file names, STOP,
                 exit codes, event kinds
     tasks       Celery task and queue names (the API sends by name, the worker registers)
@@ -26,6 +28,7 @@ from contract.spec import (
     JobSpec,
     KTOConfig,
     OptimConfig,
+    SFTConfig,
 )
 
 __all__ = [
@@ -36,4 +39,5 @@ __all__ = [
     "JobSpec",
     "KTOConfig",
     "OptimConfig",
+    "SFTConfig",
 ]

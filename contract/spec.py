@@ -22,9 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from contract.evaluation import EvalRequest
+from contract.humanline_params import HumanlineParams
 from contract.parallel import ParallelConfig, Parallelism
 from contract.presets import PRESETS, PresetName, lay_over, preset_values
 from contract.rewards import MATH_REWARDS, REWARD_NAMES, RewardSpec
+from contract.sft_spec import SFTConfig, sft_refusal
 from contract.sync import ReferenceSync, SyncPolicy
 from contract.vllm import VLLMConfig
 
@@ -47,24 +49,6 @@ def variant_of(spec: Mapping[str, Any]) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class SFTConfig(_Strict):
-    """Supervised fine-tuning: the mean negative log-likelihood of the completion (assistant)
-    tokens over the whole global batch. No reference model, so no humanline and no online
-    sampling (JobSpec refuses both, naming the field)."""
-
-    name: Literal["sft"] = "sft"
-    packing: bool = Field(
-        False,
-        description="Pack short examples into rows of up to max_length tokens; no attention "
-        "crosses examples (position ids restart, the mask is per example), so the loss is the "
-        "unpacked one.",
-    )
-    trains_on: ClassVar[tuple[str, ...]] = ("sft",)
-    default_lr: ClassVar[float] = 2e-5  # TRL's SFT default; OpenAI's multiplier scales it
-    default_batch_size: ClassVar[int] = 32
-    needs_reference: ClassVar[bool] = False
 
 
 class DPOConfig(_Strict):
@@ -107,55 +91,7 @@ class GRPOConfig(_Strict):
     default_batch_size: ClassVar[int] = 64  # sequences: 32 offline pairs (groups of two)
 
 
-Objective = Annotated[
-    SFTConfig | DPOConfig | KTOConfig | GRPOConfig, Field(discriminator="name")
-]
-
-
-class HumanlineParams(_Strict):
-    """Humanline clipping/sampling and syncing parameters (DESIGN.md §2).
-
-    ``mode: clip`` (default) clamps each token's log-ratio to [log_eps_P, log_eps_R]; ``mode:
-    sample`` rejects token t when ``π/π_ref < M_P·B_P`` or ``π_ref/π < M_R·B_R``, B ~ Beta(γ, β),
-    with the authors' defaults (HALOs ``get_humanline_mask``): M = the micro-batch's largest ratio
-    (``batch_max``), γ_P 0.5, γ_R 0.01, β 1. log_eps_P/R play no part in sample mode; clip is its
-    k → ∞ limit (trainer.losses.humanline says how to sample around a clip range).
-    """
-
-    log_eps_P: float = Field(
-        -1.5, description="Lower clamp of the token log-ratio (log ε_P); clip mode."
-    )
-    log_eps_R: float = Field(
-        1.5, description="Upper clamp of the token log-ratio (log ε_R); clip mode."
-    )
-    sync_every: int = Field(1, ge=1, description="k: sync the reference every k optimizer steps.")
-    mode: Literal["clip", "sample"] = "clip"
-    # Humanline sampling: reject token t when π/π_ref < M_P·B_P or π_ref/π < M_R·B_R.
-    M_P: float | Literal["batch_max"] = Field(
-        "batch_max", description="Bound on π/π_ref: a number or 'batch_max'."
-    )
-    M_R: float | Literal["batch_max"] = Field(
-        "batch_max", description="Bound on π_ref/π: a number or 'batch_max'."
-    )
-    gamma_P: float = Field(0.5, gt=0)
-    beta_P: float = Field(1.0, gt=0)
-    gamma_R: float = Field(0.01, gt=0)
-    beta_R: float = Field(1.0, gt=0)
-
-    @field_validator("M_P", "M_R")
-    @classmethod
-    def _positive(cls, m: float | str) -> float | str:
-        if isinstance(m, float) and not m > 0:
-            raise ValueError("must be > 0 or 'batch_max'")
-        return m
-
-    @model_validator(mode="after")
-    def _range(self) -> HumanlineParams:
-        if not self.log_eps_P < self.log_eps_R:
-            raise ValueError(
-                f"log_eps_P ({self.log_eps_P}) must be below log_eps_R ({self.log_eps_R})"
-            )
-        return self
+Objective = Annotated[SFTConfig | DPOConfig | KTOConfig | GRPOConfig, Field(discriminator="name")]
 
 
 class OptimConfig(_Strict):
@@ -360,8 +296,10 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
-        if self.objective.name == "sft":
-            _sft_only(self)
+        if self.objective.name == "sft" and (
+            why := sft_refusal(self.humanline, self.data_source, self.online, self.reference_sync)
+        ):
+            _field_error(why[0], why[1], self.variant if why[0] == "variant" else self.data_source)
         if self.max_prompt_length >= self.max_length:
             raise ValueError("max_prompt_length must be smaller than max_length")
         if self.data_source == "online" and self.max_steps is None:
@@ -510,31 +448,6 @@ class JobSpec(_Strict):
             "reference_sync": self.sync,
             "sync_every": self.humanline_params.sync_every,
         }
-
-
-def _sft_only(spec: JobSpec) -> None:
-    """SFT has no reference model: the humanline variants (which clip the policy's log-ratio
-    to a reference) and online sampling (which trains on scored samples) do not apply."""
-    if spec.humanline:
-        _field_error(
-            "variant",
-            "sft has no humanline variant: humanline clips each token's log-ratio against a "
-            "reference model and supervised fine-tuning has none; use variant 'offline'",
-            spec.variant,
-        )
-    if spec.data_source == "online" or spec.online is not None:
-        _field_error(
-            "online",
-            "sft trains on the completions of its training file: online sampling (data_source "
-            "'online', 'online' settings) needs a preference objective (dpo, kto or grpo)",
-            spec.data_source,
-        )
-    if spec.reference_sync not in (None, "none"):
-        _field_error(
-            "reference_sync",
-            "sft has no reference model to sync; leave reference_sync unset or 'none'",
-            spec.reference_sync,
-        )
 
 
 def _field_error(field: str, message: str, value: Any) -> None:
