@@ -1,6 +1,7 @@
 """The official `openai` package drives a humanline DPO job and a supervised job end to end
-through the embedded worker: upload with purpose fine-tune, create with extensions, follow to `succeeded`, read
-its events, checkpoints and fine-tuned model."""
+through the embedded worker: upload with purpose fine-tune, create (with extensions for DPO,
+OpenAI's fields only for supervised), follow to `succeeded`, read its events, checkpoints and
+fine-tuned model."""
 
 from __future__ import annotations
 
