@@ -57,20 +57,19 @@ def unpaired_records(n: int, seed: int = 0) -> list[dict]:
 
 
 def sft_records(n: int, seed: int = 0) -> list[dict]:
-    """n SFT records in OpenAI's chat format (the preferred answers as assistant turns): every
-    third a two-turn conversation whose first answer has weight 0, the rest one exchange, some
-    with a system turn."""
+    """n SFT records in OpenAI's chat format (the preferred answers as assistant turns): a third
+    one exchange, a third two learned exchanges, a third two exchanges whose first answer has
+    weight 0 (context); every other one opens with a system turn."""
     pairs = preference_records(2 * n, seed)
     out = []
     for i in range(n):
         a, b = pairs[2 * i], pairs[2 * i + 1]
         messages = [{"role": "user", "content": a["prompt"]}]
-        if i % 3 == 2:
-            messages = [
-                messages[0],
-                {"role": "assistant", "content": a["rejected"], "weight": 0},
-                {"role": "user", "content": b["prompt"]},
-            ]
+        if i % 3:
+            first = {"role": "assistant", "content": a["chosen"]}
+            if i % 3 == 2:
+                first = {"role": "assistant", "content": a["rejected"], "weight": 0}
+            messages += [first, {"role": "user", "content": b["prompt"]}]
             answer = b["chosen"]
         else:
             answer = a["chosen"]

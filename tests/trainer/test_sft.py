@@ -109,6 +109,45 @@ def test_a_conversation_with_nothing_left_to_learn_is_dropped(chat):
     assert small.report.prompts_truncated == 1 and small.report.dropped == seq
 
 
+def test_a_template_that_re_renders_history_drops_the_conversation(chat):
+    import copy
+
+    tok = copy.deepcopy(chat.tok)
+    # earlier assistant turns rendered as "[...]" once a later turn follows (like templates
+    # that strip past reasoning): the row would not be what the model sees
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}[...]{% else %}{{ m['content'] }}"
+        "{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    lossy = ChatTokenizer(tok, 256, 512)
+    two = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
+    assert conversation_seq(lossy, two) is None
+    assert lossy.report.dropped == 1 and "re-renders" in lossy.report.notes[0]
+    assert conversation_seq(lossy, two[:2]) is not None  # one turn: nothing re-rendered
+
+
+def test_the_mask_survives_the_token_store(tmp_path, chat):
+    """Examples are stored as token ids plus the learned spans and rebuilt exactly."""
+    from trainer.datastore import store_examples
+    from trainer.recipes.sft import SFTRecipe
+
+    records = sft_records(12, seed=5)
+    recipe = SFTRecipe(_spec(Path("unused.jsonl")))
+    built = [conversation_seq(chat, as_messages(r)) for r in records]
+    store = store_examples(recipe, "sft", records, chat, tmp_path)
+    examples = store.examples()
+    assert list(examples) == built
+    assert any(0 in e.weights for e in examples)  # the weight-0 turns are there
+    store.close()
+
+
 # ---- packing -----------------------------------------------------------------------------------
 def _masked_seqs() -> list[MaskedSeq]:
     gen = torch.Generator().manual_seed(0)
