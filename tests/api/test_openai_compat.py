@@ -5,6 +5,7 @@ would (tests/worker/test_openai_end_to_end.py runs a real one)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
@@ -213,12 +214,14 @@ def test_supervised_is_the_default_method_and_maps_to_sft(oai, db_sessions):
         oai.fine_tuning.jobs.create(
             model="tiny-llama", training_file=chat.id, extra_body={"humanline": True}
         )
-    assert caught.value.body["param"] == "variant" and "reference" in caught.value.message
+    body: Any = caught.value.body
+    assert body["param"] == "variant" and "reference" in caught.value.message
     # a preference file is not SFT data
     prefs = _upload(oai)
-    with pytest.raises(openai.UnprocessableEntityError) as caught:
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
         oai.fine_tuning.jobs.create(model="tiny-llama", training_file=prefs.id)
-    assert caught.value.body["param"] == "training_file" and "sft" in caught.value.message
+    body = refused.value.body
+    assert body["param"] == "training_file" and "sft" in refused.value.message
 
 
 def test_tool_calling_files_are_refused_at_upload_with_the_line(oai):

@@ -4,6 +4,7 @@ formats with line-numbered errors, and a memory estimate that prices no referenc
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -64,7 +65,7 @@ def test_the_estimate_prices_no_reference_and_one_row_per_example():
 
 
 # ---- the formats ---------------------------------------------------------------------------------
-CHAT = {
+CHAT: dict[str, list[dict[str, Any]]] = {
     "messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},

@@ -5,7 +5,7 @@ from reports.panels import panels_for
 
 
 def test_sft_reports_its_own_panels():
-    series = {
+    series: dict[str, dict[str, list]] = {
         name: {"steps": [1, 2], "values": [1.0, 0.5]}
         for name in ("loss", "grad_norm", "lr", "rewards/chosen", "kl", "clamp_frac")
     }

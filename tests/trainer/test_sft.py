@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -68,7 +69,7 @@ def test_prompt_completion_tokens_are_the_preference_path(chat):
 
 
 def test_multi_turn_learns_assistant_turns_of_weight_one(chat):
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "First question?"},
         {"role": "assistant", "content": "ZEROWEIGHT answer.", "weight": 0},

@@ -6,6 +6,7 @@ fine-tuned model."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 from fastapi.testclient import TestClient
@@ -96,13 +97,15 @@ def test_openai_client_runs_a_supervised_job_to_success(local):
         training = oai.files.create(file=("chat.jsonl", SUPERVISED), purpose="fine-tune")
         assert training.status == "processed"
         hyper = {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 2.0}
+        method: Any = {"type": "supervised", "supervised": {"hyperparameters": hyper}}
         job = oai.fine_tuning.jobs.create(
             model="tiny-llama",
             training_file=training.id,
-            method={"type": "supervised", "supervised": {"hyperparameters": hyper}},
+            method=method,
             suffix="chat",
         )
-        assert job.method.type == "supervised"
+        assert job.method is not None and job.method.type == "supervised"
+        assert job.method.supervised and job.method.supervised.hyperparameters
         assert job.method.supervised.hyperparameters.n_epochs == 2
 
         def finished():
