@@ -283,7 +283,9 @@ class Trainer:
     # ---- the micro-batch ------------------------------------------------------------------------
     def memory_rows(self) -> int:
         """Rows of one training micro-batch (the lookahead scores a few of these at a time)."""
-        return self.memory.micro_examples * self.spec.rows_per_example
+        # KTO: its mismatched rows too; SFT: one row an example (group_size 1)
+        per_example = 2 if self.spec.objective.name in ("dpo", "kto") else self.spec.group_size
+        return self.memory.micro_examples * per_example
 
     def _collate(self, rows: list) -> TokenBatch:
         return self.recipe.collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
