@@ -207,8 +207,15 @@ def test_supervised_is_the_default_method_and_maps_to_sft(oai, db_sessions):
     legacy = oai.fine_tuning.jobs.create(
         model="tiny-llama", training_file=chat.id, hyperparameters={"n_epochs": 2}
     )
-    assert legacy.method.type == "supervised"
+    assert legacy.method is not None and legacy.method.type == "supervised"
     assert _spec(db_sessions, legacy.id)["epochs"] == 2
+    # packing, our extension, rides in the spec's objective
+    packed = oai.fine_tuning.jobs.create(
+        model="tiny-llama",
+        training_file=chat.id,
+        extra_body={"spec": {"objective": {"packing": True}}},
+    )
+    assert _spec(db_sessions, packed.id)["objective"] == {"name": "sft", "packing": True}
     # humanline and online sampling do not apply to SFT: the spec says why, naming the field
     with pytest.raises(openai.BadRequestError) as caught:
         oai.fine_tuning.jobs.create(
