@@ -91,7 +91,7 @@ def create_app(
     app = FastAPI(
         title="Humanline",
         version="0.1.0",
-        summary="Fine-tuning as a service: DPO, KTO and GRPO, with humanline variants.",
+        summary="Fine-tuning as a service: SFT, and DPO, KTO and GRPO with humanline variants.",
     )
     factory = session_factory or make_session_factory(make_engine(
         settings.DATABASE_URL, **settings.pool_options()

@@ -10,7 +10,10 @@ OpenAI's objects. Only the mapping lives here: no SQL, no HTTP.
   templates read `{{sample.output_text}}` and `{{item.<field>}}` (our registered
   `string_check` reward renders them per sample). A grader that needs code or an outside
   model (python, score_model, label_model, text_similarity, multi) is a 400 naming its type.
-- `method.type = "supervised"` (also OpenAI's default): a 400 naming what we offer instead.
+- `method.type = "supervised"`, and a job with no `method` (OpenAI's default): our SFT
+  (objective `sft`, offline); `batch_size`, `n_epochs` and `learning_rate_multiplier` (× our
+  SFT learning rate) map one to one, also from OpenAI's deprecated top-level
+  `hyperparameters`. The file is OpenAI's chat format (contract.sft_data).
 - Our extensions travel in the body beside OpenAI's fields (the `openai` package sends them
   with `extra_body=`): `humanline` (`true`, or the humanline parameters, e.g.
   `{"sync_every": 4, "log_eps_P": -1.5, "log_eps_R": 1.5}`) and `spec` (any other `JobSpec`
@@ -28,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.errors import api_error
 from api.schemas import unix_seconds
 from contract.rewards import string_check_templates
-from contract.spec import DPOConfig, GRPOConfig, HumanlineParams, OnlineConfig
+from contract.spec import DPOConfig, GRPOConfig, HumanlineParams, OnlineConfig, SFTConfig
 from models.jobs import exported_model
 from models.tables import Checkpoint, Job, JobEvent
 
@@ -149,6 +152,13 @@ def _reinforcement_reward(grader: dict[str, Any] | None) -> dict[str, Any]:
     return {"name": "string_check", "weight": 1.0, "options": options}
 
 
+def _supervised(hp: Hyperparameters) -> dict[str, Any]:
+    """OpenAI's supervised method → our SFT objective (beta belongs to DPO)."""
+    if _given(hp.beta):
+        raise _bad("beta is a dpo hyperparameter", "method.supervised.hyperparameters.beta")
+    return {"name": "sft"}
+
+
 def _positive_int(spec: dict[str, Any], section: str, key: str) -> int | None:
     """`spec[section][key]` when it is a positive int (not a bool), else None: the user's
     value is not validated yet, and whatever is wrong with it is JobSpec's to refuse (a 400
@@ -171,19 +181,17 @@ def spec_of(body: FineTuningJobCreate, records: int = 0) -> dict[str, Any]:
             "validation files are not used; evaluate with spec.evaluations instead",
             "validation_file",
         )
-    method = body.method
-    if method is None or method.type == "supervised":
-        raise _bad(
-            "supervised fine-tuning is not offered: this service trains preference and "
-            "reinforcement methods; use method.type 'dpo' (paired preferences) or "
-            "'reinforcement' (prompts with verifiable answers), or POST /v1/jobs for KTO",
-            "method.type" if method else "method",
-        )
+    method = body.method or Method(type="supervised")  # OpenAI's default method
     settings = getattr(method, method.type) or MethodBody()
+    if body.method is None and body.hyperparameters is not None:  # the deprecated form
+        settings = MethodBody(hyperparameters=body.hyperparameters)
     hp = settings.hyperparameters
     mapped: dict[str, Any] = {"base_model": body.model, "training_file": body.training_file}
-    if method.type == "dpo":
-        objective: dict[str, Any] = {"name": "dpo"}
+    objective: dict[str, Any]
+    if method.type == "supervised":
+        objective, default_lr = _supervised(hp), SFTConfig.default_lr
+    elif method.type == "dpo":
+        objective = {"name": "dpo"}
         if _given(hp.beta):
             objective["beta"] = hp.beta
         default_lr = DPOConfig.default_lr
@@ -275,6 +283,8 @@ def _method(spec: dict[str, Any]) -> dict[str, Any]:
                 "operation": options.get("operation", "eq"),
             }
         return {"type": "reinforcement", "reinforcement": body}
+    if objective.get("name") == "sft":
+        return {"type": "supervised", "supervised": {"hyperparameters": hyper}}
     if "beta" in objective:
         hyper["beta"] = objective["beta"]
     return {"type": "dpo", "dpo": {"hyperparameters": hyper}}

@@ -2,7 +2,8 @@
 
 Torch-free (the API imports it); each decision below is made here, once.
 
-    spec        JobSpec, the job spec every process validates with (resolved defaults)
+    spec        JobSpec, the job spec every process validates with (resolved defaults);
+                sft_spec the SFT objective's config, humanline_params humanline's section
     presets     the paper's two testbeds (instruction, math) as bundles of defaults
     parallel    `parallelism`: DDP or FSDP2 for a multi-process job
     sync        SyncPolicy: when the reference model moves
@@ -12,7 +13,8 @@ Torch-free (the API imports it); each decision below is made here, once.
     items       OpenAI's reinforcement lines (messages + the item's fields) and which lines
                 hold which fields (profiled at upload)
     evaluation  what an evaluation request names (file, kind, judge, generation)
-    data        the training-file formats and the one JSONL validator (BOM handling included)
+    data        the training-file formats and the one JSONL validator (BOM handling included);
+                sft_data the SFT formats (prompt/completion, OpenAI's chat messages)
     runs        the run-directory protocol between worker and trainer: file names, STOP,
                 exit codes, event kinds
     tasks       Celery task and queue names (the API sends by name, the worker registers)
@@ -29,6 +31,7 @@ from contract.spec import (
     JobSpec,
     KTOConfig,
     OptimConfig,
+    SFTConfig,
 )
 
 __all__ = [
@@ -39,4 +42,5 @@ __all__ = [
     "JobSpec",
     "KTOConfig",
     "OptimConfig",
+    "SFTConfig",
 ]

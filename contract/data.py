@@ -7,9 +7,13 @@ Records are normalised so the rest of the code sees one shape per format:
 - preference: {"prompt", "chosen", "rejected"}; each a string, or (conversational) a list of
   {"role", "content"} messages with the prompt ending before the assistant's turn;
 - unpaired: {"prompt", "completion", "label": bool};
+- sft: {"prompt", "completion"} (strings or message lists), or OpenAI's chat format
+  {"messages": [...]} ending with an assistant turn; an assistant message may carry
+  `weight` 0 or 1 (0: not learned). Tool and function calling are refused (contract.sft_data);
 - prompt: {"prompt", "answer"?, ...extra columns kept for reward functions}; OpenAI's
-  reinforcement lines, {"messages": [...], ...the item's fields}, normalise to it (the
-  messages become the prompt, every other field is kept for the graders);
+  reinforcement lines, {"messages": [...], ...the item's fields} not ending with an assistant
+  turn, normalise to it (the messages become the prompt, every other field is kept for the
+  graders);
 - eval_instruction: {"instruction", "output", "generator"?};
 - eval_math: {"problem", "answer", "level"?, "subject"?}.
 """
@@ -22,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
-Format = Literal["preference", "unpaired", "prompt", "eval_instruction", "eval_math"]
-TRAIN_FORMATS: tuple[Format, ...] = ("preference", "unpaired", "prompt")
+Format = Literal["preference", "unpaired", "sft", "prompt", "eval_instruction", "eval_math"]
+TRAIN_FORMATS: tuple[Format, ...] = ("preference", "unpaired", "sft", "prompt")
 EVAL_FORMATS: tuple[Format, ...] = ("eval_instruction", "eval_math")
 ROLES = ("system", "user", "assistant", "tool")
 MAX_LINE_BYTES = 1 << 20  # 1 MiB per JSONL line
@@ -40,6 +44,7 @@ KNOWN_KEYS: dict[str, frozenset[str] | None] = {
         {"prompt", "chosen", "rejected", "input", "preferred_output", "non_preferred_output"}
     ),
     "unpaired": frozenset({"prompt", "completion", "label"}),
+    "sft": frozenset({"prompt", "completion", "messages"}),
     "prompt": None,
     "eval_instruction": frozenset({"instruction", "output", "generator"}),
     "eval_math": frozenset({"problem", "answer", "level", "subject"}),
@@ -252,9 +257,13 @@ def _eval_math(obj: dict) -> dict:
     return out
 
 
+# SFT's parser uses the helpers above (contract.sft_data imports them), hence here.
+from contract.sft_data import is_sft, parse_sft  # noqa: E402
+
 _PARSERS = {
     "preference": _preference,
     "unpaired": _unpaired,
+    "sft": parse_sft,
     "prompt": _prompt,
     "eval_instruction": _eval_instruction,
     "eval_math": _eval_math,
@@ -269,6 +278,8 @@ def detect_format(obj: dict) -> Format:
         return "preference"
     if "completion" in obj and "label" in obj:
         return "unpaired"
+    if is_sft(obj):
+        return "sft"
     if "instruction" in obj and "output" in obj:
         return "eval_instruction"
     if "problem" in obj and "answer" in obj:
@@ -280,7 +291,8 @@ def detect_format(obj: dict) -> Format:
     raise RecordError(
         "(columns)",
         "unknown format: expected prompt/chosen/rejected, input/preferred_output/"
-        "non_preferred_output, prompt/completion/label, prompt[/answer], messages[/answer], "
+        "non_preferred_output, prompt/completion/label, prompt/completion, messages (ending "
+        "with an assistant turn: sft; else a prompt and the item's fields), prompt[/answer], "
         "instruction/output or problem/answer; got " + ", ".join(map(repr, sorted(obj)[:8])),
     )
 

@@ -188,11 +188,13 @@ def estimate_training_memory(
     accum = grad_accum or spec.grad_accum or 1
     per_process = spec.examples_per_batch // world
     micro_examples = max(1, per_process // accum)
-    seqs_per_example = {"dpo": 2, "kto": 1, "grpo": spec.group_size}[spec.objective.name]
+    seqs_per_example = spec.rows_per_example
     rows = micro_examples * seqs_per_example  # rows scored with a graph
     aux = micro_examples if spec.objective.name == "kto" else 0  # mismatched pairs, no_grad
     length = spec.max_length
-    if spec.sync_policy.moves:  # k micro-batches of fp32 log-probs per sync (Lookahead)
+    if not spec.needs_reference:  # SFT: no reference model at all
+        reference = 0
+    elif spec.sync_policy.moves:  # k micro-batches of fp32 log-probs per sync (Lookahead)
         k = spec.humanline_params.sync_every if spec.sync_policy.periodic else 1
         reference = k * accum * (rows + aux) * length * 4
     else:
@@ -386,7 +388,7 @@ def choose_micro_batch(
         sizes = [d for d in range(per_process, 0, -1) if per_process % d == 0]
     modes = {"off": (False,), "on": (True,), "auto": (False, True)}[spec.activation_checkpointing]
     budget = int(available_bytes * (1 - SAFETY_MARGIN))
-    per_example = {"dpo": 2, "kto": 1, "grpo": spec.group_size}[spec.objective.name]  # rows
+    per_example = spec.rows_per_example
 
     def estimate(micro: int, ckpt: bool) -> MemoryEstimate:
         return estimate_training_memory(

@@ -22,13 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from contract.evaluation import EvalRequest
+from contract.humanline_params import HumanlineParams
 from contract.parallel import ParallelConfig, Parallelism
 from contract.presets import PRESETS, PresetName, lay_over, preset_values
 from contract.rewards import MATH_REWARDS, REWARD_NAMES, RewardSpec
+from contract.sft_spec import SFTConfig, sft_refusal
 from contract.sync import ReferenceSync, SyncPolicy
 from contract.vllm import VLLMConfig
 
-ObjectiveName = Literal["dpo", "kto", "grpo"]
+ObjectiveName = Literal["sft", "dpo", "kto", "grpo"]
 DataSource = Literal["offline", "online"]
 Schedule = Literal["constant_with_warmup", "linear", "cosine", "constant"]
 ActivationCheckpointing = Literal["off", "on", "auto"]
@@ -89,53 +91,7 @@ class GRPOConfig(_Strict):
     default_batch_size: ClassVar[int] = 64  # sequences: 32 offline pairs (groups of two)
 
 
-Objective = Annotated[DPOConfig | KTOConfig | GRPOConfig, Field(discriminator="name")]
-
-
-class HumanlineParams(_Strict):
-    """Humanline clipping/sampling and syncing parameters (DESIGN.md §2).
-
-    ``mode: clip`` (default) clamps each token's log-ratio to [log_eps_P, log_eps_R]; ``mode:
-    sample`` rejects token t when ``π/π_ref < M_P·B_P`` or ``π_ref/π < M_R·B_R``, B ~ Beta(γ, β),
-    with the authors' defaults (HALOs ``get_humanline_mask``): M = the micro-batch's largest ratio
-    (``batch_max``), γ_P 0.5, γ_R 0.01, β 1. log_eps_P/R play no part in sample mode; clip is its
-    k → ∞ limit (trainer.losses.humanline says how to sample around a clip range).
-    """
-
-    log_eps_P: float = Field(
-        -1.5, description="Lower clamp of the token log-ratio (log ε_P); clip mode."
-    )
-    log_eps_R: float = Field(
-        1.5, description="Upper clamp of the token log-ratio (log ε_R); clip mode."
-    )
-    sync_every: int = Field(1, ge=1, description="k: sync the reference every k optimizer steps.")
-    mode: Literal["clip", "sample"] = "clip"
-    # Humanline sampling: reject token t when π/π_ref < M_P·B_P or π_ref/π < M_R·B_R.
-    M_P: float | Literal["batch_max"] = Field(
-        "batch_max", description="Bound on π/π_ref: a number or 'batch_max'."
-    )
-    M_R: float | Literal["batch_max"] = Field(
-        "batch_max", description="Bound on π_ref/π: a number or 'batch_max'."
-    )
-    gamma_P: float = Field(0.5, gt=0)
-    beta_P: float = Field(1.0, gt=0)
-    gamma_R: float = Field(0.01, gt=0)
-    beta_R: float = Field(1.0, gt=0)
-
-    @field_validator("M_P", "M_R")
-    @classmethod
-    def _positive(cls, m: float | str) -> float | str:
-        if isinstance(m, float) and not m > 0:
-            raise ValueError("must be > 0 or 'batch_max'")
-        return m
-
-    @model_validator(mode="after")
-    def _range(self) -> HumanlineParams:
-        if not self.log_eps_P < self.log_eps_R:
-            raise ValueError(
-                f"log_eps_P ({self.log_eps_P}) must be below log_eps_R ({self.log_eps_R})"
-            )
-        return self
+Objective = Annotated[SFTConfig | DPOConfig | KTOConfig | GRPOConfig, Field(discriminator="name")]
 
 
 class OptimConfig(_Strict):
@@ -340,6 +296,10 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
+        if self.objective.name == "sft" and (
+            why := sft_refusal(self.humanline, self.data_source, self.online, self.reference_sync)
+        ):
+            _field_error(why[0], why[1], self.variant if why[0] == "variant" else self.data_source)
         if self.max_prompt_length >= self.max_length:
             raise ValueError("max_prompt_length must be smaller than max_length")
         if self.data_source == "online" and self.max_steps is None:
@@ -388,6 +348,17 @@ class JobSpec(_Strict):
         return ("prompt",) if self.data_source == "online" else self.objective.trains_on
 
     @property
+    def needs_reference(self) -> bool:
+        """Whether the loss compares the policy with a reference model (SFT's does not)."""
+        return getattr(self.objective, "needs_reference", True)
+
+    @property
+    def rows_per_example(self) -> int:
+        """Sequences scored with a graph per training example: a DPO pair 2, a GRPO group G,
+        a KTO or SFT example 1 (KTO's mismatched rows are scored without a graph)."""
+        return 2 if self.objective.name == "dpo" else self.group_size
+
+    @property
     def lr(self) -> float:
         return self.optim.lr if self.optim.lr is not None else self.objective.default_lr
 
@@ -405,7 +376,8 @@ class JobSpec(_Strict):
 
     @property
     def batch_unit(self) -> str:
-        return {"dpo": "pairs", "kto": "examples", "grpo": "sequences"}[self.objective.name]
+        names = {"sft": "examples", "dpo": "pairs", "kto": "examples", "grpo": "sequences"}
+        return names[self.objective.name]
 
     @property
     def group_size(self) -> int:

@@ -21,7 +21,7 @@ from reports.html import card, esc, fmt, page, table
 from reports.stats import Estimate, holm_bonferroni, z_test
 
 VARIANTS = ("offline", "offline+humanline", "online", "online+humanline")
-OBJECTIVES = ("dpo", "kto", "grpo")
+OBJECTIVES = ("sft", "dpo", "kto", "grpo")
 # metric → (label, is a fraction shown in percent)
 METRICS: dict[str, tuple[str, bool]] = {
     "lc_win_rate": ("length-controlled win rate", True),

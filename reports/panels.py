@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-ALL = frozenset({"dpo", "kto", "grpo"})
+ALL = frozenset({"sft", "dpo", "kto", "grpo"})
 
 
 @dataclass(frozen=True)

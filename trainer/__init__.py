@@ -1,4 +1,4 @@
-"""Humanline trainer: DPO/KTO/GRPO and their humanline variants, on the torch stack.
+"""Humanline trainer: SFT, and DPO/KTO/GRPO with their humanline variants, on the torch stack.
 
 Imports the torch stack, contract/ (the spec, the data formats, the run-directory protocol)
 and reports/ (statistics, the code version); the service never imports it: a worker starts
@@ -8,10 +8,12 @@ and reports/ (statistics, the code version); the service never imports it: a wor
     plan            the batch order, a pure function of the seed; rundata the run's examples
     memory          the memory a process has, the micro-batch it chooses, out-of-memory retries
     stepmetrics     a step's metrics to the host in one copy
-    reference       the reference log-probs: lookahead (humanline sync) or a frozen model
+    reference       the reference log-probs: lookahead (humanline sync), a frozen model, or
+                    none (SFT)
     losses/         one loss per objective; humanline clipping/sampling applied once
     recipes/        per objective: examples → rows → loss (`make_recipe` chooses)
     tokenize, logps chat rendering and collation; per-token log-probs
+    sft_data        SFT conversations as one masked row; packed rows
     chunked_logps   log-probs from hidden states, a chunk of tokens at a time (no full logits)
     datastore       training examples' token ids, memory-mapped (files streamed, not held)
     online/         online rounds: sample, score, keep pairs/groups (paper, Algorithm 1)

@@ -85,6 +85,9 @@ def token_logps(
         steps = torch.arange(batch.input_ids.shape[1], device=device)
         positions = prefix.lengths.to(device)[:, None] + steps
         extra = {"past_key_values": cache, "position_ids": positions}
+    if batch.position_ids is not None:  # packed rows: per-example attention from the positions
+        attention_mask = None
+        extra = {"position_ids": batch.position_ids.to(device)}
     labels = batch.labels.to(device)
     inputs = {
         "input_ids": batch.input_ids.to(device),

@@ -1,5 +1,8 @@
 """Where reference log-probs come from. The choice is made once, in `make_reference`.
 
+- An objective without a reference (SFT, `JobSpec.needs_reference`): none at all, no copy,
+  no forward.
+
 - `none` with LoRA: the base model with the adapter switched off (torchtune's way): no copy.
 - `none` with full fine-tuning: a frozen copy of the initial weights (what every DPO
   implementation keeps; the cost offline training always pays).
@@ -91,6 +94,15 @@ class FrozenCopy(_Fixed):
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
         with torch.no_grad():
             return batch_logps(self.model, batch, self.temperature)
+
+
+class NoReference(_Fixed):
+    """For a loss that compares with no reference (SFT): nothing is copied or scored."""
+
+    name = "no"
+
+    def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
+        return torch.zeros(0)  # never read: the loss takes only the policy's log-probs
 
 
 class AdapterOff(_Fixed):
@@ -218,6 +230,7 @@ def _aux_width(batch: TokenBatch) -> int:
 
 
 def make_reference(
+    needed: bool,
     policy: SyncPolicy,
     model: torch.nn.Module,
     unwrapped: torch.nn.Module,
@@ -228,6 +241,8 @@ def make_reference(
 ) -> Reference:
     """The one place the reference strategy is chosen (see the module docstring): a reference
     that moves (synced, or online: reset at every round's start) looks ahead."""
+    if not needed:
+        return NoReference()
     if policy.moves:
         return Lookahead(model, temperature=temperature, **lookahead)
     if lora:

@@ -56,6 +56,29 @@ def unpaired_records(n: int, seed: int = 0) -> list[dict]:
     return out[:n]
 
 
+def sft_records(n: int, seed: int = 0) -> list[dict]:
+    """n SFT records in OpenAI's chat format (the preferred answers as assistant turns): a third
+    one exchange, a third two learned exchanges, a third two exchanges whose first answer has
+    weight 0 (context); every other one opens with a system turn."""
+    pairs = preference_records(2 * n, seed)
+    out = []
+    for i in range(n):
+        a, b = pairs[2 * i], pairs[2 * i + 1]
+        messages = [{"role": "user", "content": a["prompt"]}]
+        if i % 3:
+            first = {"role": "assistant", "content": a["chosen"]}
+            if i % 3 == 2:
+                first = {"role": "assistant", "content": a["rejected"], "weight": 0}
+            messages += [first, {"role": "user", "content": b["prompt"]}]
+            answer = b["chosen"]
+        else:
+            answer = a["chosen"]
+        if i % 2:
+            messages.insert(0, {"role": "system", "content": "You are a helpful assistant."})
+        out.append({"messages": messages + [{"role": "assistant", "content": answer}]})
+    return out
+
+
 def write_jsonl(path: str | Path, records: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

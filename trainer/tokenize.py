@@ -42,6 +42,22 @@ class TokenSeq:
     completion_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class MaskedSeq(TokenSeq):
+    """A sequence whose completion is learned only where `weights` is 1 (SFT: a conversation's
+    assistant turns of weight ≠ 0; the user turns between them are context). One weight per
+    completion token; the mask of a batch is these weights (trainer.sft_data)."""
+
+    weights: tuple[int, ...] = ()
+
+
+def completion_weights(seq: TokenSeq) -> list[int]:
+    """1 per completion token, or a MaskedSeq's own weights."""
+    if isinstance(seq, MaskedSeq) and seq.weights:
+        return list(seq.weights)
+    return [1] * len(seq.completion_ids)
+
+
 def _as_messages(value: str | Messages, role: str) -> Messages:
     return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
 
@@ -132,6 +148,10 @@ class TokenBatch:
     # output layer projects only these (padding costs no vocabulary-sized work), and the device
     # never has to be asked where they are (trainer.logps).
     kept: torch.Tensor | None = None
+    # [N, L] packed rows (trainer.sft_data.collate_packed): each example's positions restart at
+    # 0 and the model is given no 2-D mask, so transformers masks attention per example
+    # (masking_utils.find_packed_sequence_indices); `attention_mask` then only counts tokens.
+    position_ids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.kept is None:
@@ -222,7 +242,8 @@ def collate(seqs: Sequence[TokenSeq], pad_id: int, share_prompts: bool | str = T
     ids, attn = _pad([s.prompt_ids + s.completion_ids for s in seqs], pad_id)
     is_completion = torch.zeros_like(attn, dtype=torch.bool)
     for i, s in enumerate(seqs):
-        is_completion[i, len(s.prompt_ids) : len(s.prompt_ids) + len(s.completion_ids)] = True
+        span = slice(len(s.prompt_ids), len(s.prompt_ids) + len(s.completion_ids))
+        is_completion[i, span] = torch.tensor(completion_weights(s), dtype=torch.bool)
     start = max(1, min(len(s.prompt_ids) for s in seqs))  # templates always emit a prompt
     positions = torch.arange(start - 1, ids.shape[1] - 1)
     return TokenBatch(
@@ -242,4 +263,7 @@ def _collate_shared(seqs: Sequence[TokenSeq], prompts: list, pad_id: int) -> Tok
     ids, attn = _pad([s.prompt_ids[-1:] + s.completion_ids for s in seqs], pad_id)
     positions = torch.arange(0, ids.shape[1] - 1)
     mask = attn[:, 1:].float()  # every suffix token after the first is a completion token
+    for i, s in enumerate(seqs):
+        if isinstance(s, MaskedSeq) and s.weights:
+            mask[i, : len(s.completion_ids)] = torch.tensor(s.weights, dtype=mask.dtype)
     return TokenBatch(ids, attn, positions, ids[:, 1:], mask, prefix=prefix, rows=tuple(seqs))

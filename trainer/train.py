@@ -56,7 +56,7 @@ from trainer.rundata import load_data
 from trainer.runlog import ProgressEvents, RunLog
 from trainer.seeds import derive_seed
 from trainer.stepmetrics import STOP, reduce_step_metrics
-from trainer.tokenize import ChatTokenizer, TokenBatch, collate
+from trainer.tokenize import ChatTokenizer, TokenBatch
 
 # Micro-batches of rows the lookahead reference scores in one no-grad forward.
 LOOKAHEAD_MICRO_BATCHES = 2
@@ -176,6 +176,7 @@ class Trainer:
         # holds the initial weights.
         self.sync = spec.sync_policy  # every sync decision below asks this (contract.sync)
         self.reference = make_reference(
+            spec.needs_reference,
             self.sync,
             self.model,
             model,
@@ -259,20 +260,18 @@ class Trainer:
         if key not in self._batches:
             mb = self.data.micro(step, micro)
             rows = self.recipe.rows(self.data.examples, mb, self.chat)
-            batch = collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
+            batch = self._collate(rows)
             aux = self.recipe.no_grad_rows(self.data.examples, mb, self.chat)
             if aux:
-                batch.aux = collate(aux, self.tokenizer.pad_token_id, self.share_prompts)
+                batch.aux = self._collate(aux)
             self._batches[key] = batch
         return self._batches[key]
 
     def _data_quality(self) -> None:
-        pad = self.tokenizer.pad_token_id
         examples = self.data.examples
 
         def make(idx):
-            seqs = [s for i in idx for s in self.recipe.sequences(examples[i])]
-            return collate(seqs, pad, self.share_prompts)
+            return self._collate([s for i in idx for s in self.recipe.sequences(examples[i])])
 
         seed = derive_seed(self.spec.seed, "quality")
         quality = data_quality(
@@ -285,11 +284,12 @@ class Trainer:
     # ---- the micro-batch ------------------------------------------------------------------------
     def memory_rows(self) -> int:
         """Rows of one training micro-batch (the lookahead scores a few of these at a time)."""
+        # KTO: its mismatched rows too; SFT: one row an example (group_size 1)
         per_example = 2 if self.spec.objective.name in ("dpo", "kto") else self.spec.group_size
         return self.memory.micro_examples * per_example
 
     def _collate(self, rows: list) -> TokenBatch:
-        return collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
+        return self.recipe.collate(rows, self.tokenizer.pad_token_id, self.share_prompts)
 
     def _out_of_memory(self, step: int, error: BaseException) -> None:
         """An out-of-memory error in `step`: free what the attempt held, then split the batch

@@ -88,7 +88,8 @@ def create_fine_tuning_job(
     queue: QueueDep,
     idem: IdempotencyDep,
 ):
-    """OpenAI's create: `method.type` dpo or reinforcement; see api.openai_compat."""
+    """OpenAI's create: `method.type` supervised (the default), dpo or reinforcement; see
+    api.openai_compat."""
     if (replayed := idem.replay(body)) is not None:
         return replayed
     try:

@@ -60,7 +60,7 @@ JobStatus = Literal[
 TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 FilePurpose = Literal["train", "eval"]
 FileStatus = Literal["uploaded", "processed", "error"]
-Objective = Literal["dpo", "kto", "grpo"]
+Objective = Literal["sft", "dpo", "kto", "grpo"]
 Variant = Literal["offline", "online", "offline+humanline", "online+humanline"]
 EvaluationStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EVALUATION_TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
@@ -298,6 +298,7 @@ class Comparison(BaseModel):
 
 class ObjectiveParams(TypedDict, total=False):
     name: Objective
+    packing: bool  # SFT: short examples share a row (no attention across them)
     beta: float  # DPO, KTO
     reference_free: bool  # DPO
     lambda_d: float  # KTO

@@ -121,6 +121,9 @@ def test_kto_accepts_unpaired_data(client, team_a):
         ({"metadata": {"k": 3}}, 422, "metadata.k"),
         ({"objective": "grpo", "batch_size": 63}, 422, "batch_size"),  # sequences, groups of 2
         ({"preset": "chemistry"}, 422, "preset"),
+        # SFT has no reference model and no sampled data (contract.sft_spec)
+        ({"objective": "sft", "variant": "offline+humanline"}, 422, "variant"),
+        ({"objective": "sft", "variant": "online", "max_steps": 4}, 422, "online"),
     ],
 )
 def test_bad_specs_are_rejected_with_the_field(
@@ -276,3 +279,21 @@ def test_text_that_is_not_unicode_is_422_on_both_backends_and_leaves_no_job(
     assert r.status_code == 422 and "cannot be stored" in r.json()["error"]["message"], r.text
     assert job_rows(db_sessions) == 0 and queue.job_ids == []
     assert client.get("/v1/jobs", headers=team_a.headers).status_code == 200
+
+
+def test_an_sft_job_takes_an_openai_chat_file(client, team_a, queue):
+    line = {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello.", "weight": 0},
+            {"role": "user", "content": "1+1?"},
+            {"role": "assistant", "content": "2."},
+        ]
+    }
+    content = ("\n".join(json.dumps(line) for _ in range(4)) + "\n").encode()
+    f = upload(client, team_a, content).json()
+    assert f["format"] == "sft"
+    job = create_job(client, team_a, f["id"], objective={"name": "sft", "packing": True})
+    assert job["objective"] == "sft" and job["variant"] == "offline"
+    assert job["spec"]["objective"] == {"name": "sft", "packing": True}
+    assert job["spec"]["reference_sync"] == "none" and queue.job_ids == [job["id"]]

@@ -5,6 +5,7 @@ would (tests/worker/test_openai_end_to_end.py runs a real one)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
@@ -17,6 +18,16 @@ from models import jobs as job_states
 from models.tables import Job
 from tests.api.conftest import PREFERENCE, jsonl
 
+CHAT_LINE = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello.", "weight": 0},
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "2."},
+    ]
+}
+CHAT = jsonl([CHAT_LINE, CHAT_LINE])  # OpenAI's supervised format
 PROMPTS = jsonl([{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(4)])
 DPO = {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.2, "batch_size": 2, "n_epochs": 3}}}
 # OpenAI's exact-match grader: the sampled text against the prompt row's `answer`
@@ -147,7 +158,11 @@ def test_reinforcement_with_a_string_check_grader_is_online_grpo(oai, db_session
 @pytest.mark.parametrize(
     ("method", "param", "says"),
     [
-        ({"type": "supervised"}, "method.type", "supervised fine-tuning is not offered"),
+        (
+            {"type": "supervised", "supervised": {"hyperparameters": {"beta": 0.1}}},
+            "method.supervised.hyperparameters.beta",
+            "dpo hyperparameter",
+        ),
         (
             {
                 "type": "reinforcement",
@@ -199,10 +214,60 @@ def test_unsupported_methods_are_openai_shaped_400s(oai, method, param, says):
     assert error["type"] == "invalid_request_error" and "code" in error
 
 
+def test_supervised_is_the_default_method_and_maps_to_sft(oai, db_sessions):
+    chat = _upload(oai, CHAT)
+    hyper = {"n_epochs": 3, "batch_size": 2, "learning_rate_multiplier": 0.5}
+    job = _strict(
+        FineTuningJob,
+        oai.fine_tuning.jobs.create(
+            model="tiny-llama",
+            training_file=chat.id,
+            method={"type": "supervised", "supervised": {"hyperparameters": hyper}},
+        ),
+    )
+    assert job.method.type == "supervised" and job.method.supervised is not None
+    assert job.method.supervised.hyperparameters.n_epochs == 3
+    spec = _spec(db_sessions, job.id)
+    assert spec["objective"] == {"name": "sft", "packing": False}
+    assert (spec["epochs"], spec["batch_size"], spec["optim"]["lr"]) == (3, 2, 0.5 * 2e-5)
+    # no method: OpenAI's default, with its deprecated top-level hyperparameters
+    legacy = oai.fine_tuning.jobs.create(
+        model="tiny-llama", training_file=chat.id, hyperparameters={"n_epochs": 2}
+    )
+    assert legacy.method is not None and legacy.method.type == "supervised"
+    assert _spec(db_sessions, legacy.id)["epochs"] == 2
+    # packing, our extension, rides in the spec's objective
+    packed = oai.fine_tuning.jobs.create(
+        model="tiny-llama",
+        training_file=chat.id,
+        extra_body={"spec": {"objective": {"packing": True}}},
+    )
+    assert _spec(db_sessions, packed.id)["objective"] == {"name": "sft", "packing": True}
+    # humanline and online sampling do not apply to SFT: the spec says why, naming the field
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.fine_tuning.jobs.create(
+            model="tiny-llama", training_file=chat.id, extra_body={"humanline": True}
+        )
+    body: Any = caught.value.body
+    assert body["param"] == "variant" and "reference" in caught.value.message
+    # a preference file is not SFT data
+    prefs = _upload(oai)
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        oai.fine_tuning.jobs.create(model="tiny-llama", training_file=prefs.id)
+    body = refused.value.body
+    assert body["param"] == "training_file" and "sft" in refused.value.message
+
+
+def test_tool_calling_files_are_refused_at_upload_with_the_line(oai):
+    bad = CHAT + jsonl([{**CHAT_LINE, "tools": [{"type": "function"}]}])
+    with pytest.raises(openai.APIStatusError) as caught:
+        _upload(oai, bad)
+    assert caught.value.status_code in (400, 422)
+    assert "line 3" in str(caught.value.body) and "tools" in str(caught.value.body)
+
+
 def test_missing_method_and_clashing_extensions_are_400s(oai):
     training = _upload(oai)
-    with pytest.raises(openai.BadRequestError, match="supervised"):
-        oai.fine_tuning.jobs.create(model="tiny-llama", training_file=training.id)
     with pytest.raises(openai.BadRequestError, match="set seed once"):
         oai.fine_tuning.jobs.create(
             model="tiny-llama",

@@ -1,9 +1,13 @@
 """The official `openai` package drives jobs end to end through the embedded worker: a
 humanline DPO job (upload with purpose fine-tune, create with extensions, follow to
-`succeeded`, read its events, checkpoints and fine-tuned model) and a reinforcement job on a
-file in OpenAI's own format graded by string_check."""
+`succeeded`, read its events, checkpoints and fine-tuned model), a supervised job with
+OpenAI's fields only, and a reinforcement job on a file in OpenAI's own format graded by
+string_check."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import openai
 import pytest
@@ -12,7 +16,7 @@ from openai.types.fine_tuning import FineTuningJob
 from sqlalchemy import select
 
 from api.main import create_app
-from models.tables import JobMetric
+from models.tables import Job, JobMetric
 from models.teams import create_api_key
 from tests.worker.conftest import PREFERENCE, jsonl, wait_for
 from worker import embedded
@@ -55,6 +59,71 @@ def test_openai_client_runs_a_dpo_job_to_success(local):
         steps = sorted(c.step_number for c in oai.fine_tuning.jobs.checkpoints.list(job.id))
         assert steps == [2, 3]
         assert oai.models.retrieve(done.fine_tuned_model).owned_by == local.team_id
+    finally:
+        embedded.stop()
+        http.close()
+
+
+# OpenAI's own supervised file: system, user and assistant turns, multi-turn, an assistant
+# turn of weight 0 (context, not learned)
+SUPERVISED = "".join(
+    json.dumps(
+        {
+            "messages": [
+                {"role": "system", "content": "You answer arithmetic questions."},
+                {"role": "user", "content": f"What is {i} + {i}?"},
+                {"role": "assistant", "content": "I am not sure.", "weight": 0},
+                {"role": "user", "content": "Please try."},
+                {"role": "assistant", "content": f"{i} + {i} = {2 * i}."},
+            ]
+            if i % 2
+            else [
+                {"role": "user", "content": f"What is {i} + {i}?"},
+                {"role": "assistant", "content": f"{i} + {i} = {2 * i}."},
+            ]
+        }
+    )
+    + "\n"
+    for i in range(8)
+).encode()
+
+
+def test_openai_client_runs_a_supervised_job_to_success(local):
+    """OpenAI's default method, as a team's existing code calls it: only OpenAI's fields."""
+    with local.sessions() as s:
+        _, secret = create_api_key(s, local.team_id)
+        s.commit()
+    http = TestClient(create_app(local.settings, session_factory=local.sessions))
+    oai = openai.OpenAI(base_url="http://testserver/v1", api_key=secret, http_client=http)
+    embedded.start(local.settings)
+    try:
+        training = oai.files.create(file=("chat.jsonl", SUPERVISED), purpose="fine-tune")
+        assert training.status == "processed"
+        hyper = {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 2.0}
+        method: Any = {"type": "supervised", "supervised": {"hyperparameters": hyper}}
+        job = oai.fine_tuning.jobs.create(
+            model="tiny-llama",
+            training_file=training.id,
+            method=method,
+            suffix="chat",
+        )
+        assert job.method is not None and job.method.type == "supervised"
+        assert job.method.supervised and job.method.supervised.hyperparameters
+        assert job.method.supervised.hyperparameters.n_epochs == 2
+
+        def finished():
+            j = oai.fine_tuning.jobs.retrieve(job.id)
+            return j if j.status in ("succeeded", "failed", "cancelled") else None
+
+        done = FineTuningJob.model_validate(wait_for(finished, 300, 0.2, "the job").model_dump())
+        assert done.status == "succeeded", done.error
+        assert done.fine_tuned_model and done.fine_tuned_model.endswith(job.id)
+        with local.sessions() as s:
+            spec = s.get(Job, job.id).spec
+        assert spec["objective"]["name"] == "sft" and spec["epochs"] == 2
+        assert spec["batch_size"] == 4 and spec["optim"]["lr"] == 2 * 2e-5
+        steps = [c.step_number for c in oai.fine_tuning.jobs.checkpoints.list(job.id)]
+        assert steps == [4]  # 8 conversations / 4 a step × 2 epochs
     finally:
         embedded.stop()
         http.close()

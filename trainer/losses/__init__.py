@@ -8,6 +8,7 @@ from trainer.losses.dpo import dpo_loss
 from trainer.losses.grpo import group_advantages, grpo_loss
 from trainer.losses.humanline import sequence_rewards, token_log_ratios
 from trainer.losses.kto import kto_loss
+from trainer.losses.sft import sft_loss
 from trainer.losses.types import LossOutput
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "grpo_loss",
     "kto_loss",
     "sequence_rewards",
+    "sft_loss",
     "token_log_ratios",
 ]

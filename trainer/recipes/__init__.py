@@ -9,9 +9,11 @@ from trainer.recipes.base import LossContext, Recipe
 from trainer.recipes.dpo import DPORecipe
 from trainer.recipes.grpo import GRPORecipe
 from trainer.recipes.kto import KTORecipe
+from trainer.recipes.sft import SFTRecipe
 
 # Each class is checked against the Recipe protocol here.
 _RECIPES: dict[str, Callable[[JobSpec], Recipe]] = {
+    "sft": SFTRecipe,
     "dpo": DPORecipe,
     "kto": KTORecipe,
     "grpo": GRPORecipe,

@@ -16,7 +16,7 @@ import torch
 from contract.spec import HumanlineParams, JobSpec
 from trainer.losses import LossOutput
 from trainer.plan import MicroBatch
-from trainer.tokenize import ChatTokenizer, TokenBatch, TokenSeq
+from trainer.tokenize import ChatTokenizer, TokenBatch, TokenSeq, collate
 
 
 class SequenceOptions(TypedDict):
@@ -70,6 +70,12 @@ class Recipe(Protocol):
         self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer
     ) -> list[TokenSeq]: ...
 
+    # A micro-batch's rows as the tensors the model scores (trainer.tokenize.collate, unless
+    # the objective lays rows out its own way: SFT's packing).
+    def collate(
+        self, rows: Sequence[TokenSeq], pad_id: int, share_prompts: bool | str
+    ) -> TokenBatch: ...
+
     # Rows the loss needs but never differentiates through (KTO's mismatched pairs): the
     # policy scores them under no_grad, after `rows` (trainer.logps.batch_logps).
     def no_grad_rows(
@@ -106,6 +112,11 @@ class ObjectiveRecipe(Generic[C]):
         self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer
     ) -> list[TokenSeq]:
         return []
+
+    def collate(
+        self, rows: Sequence[TokenSeq], pad_id: int, share_prompts: bool | str
+    ) -> TokenBatch:
+        return collate(rows, pad_id, share_prompts)
 
 
 def build_pairs(

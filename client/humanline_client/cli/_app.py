@@ -21,7 +21,7 @@ from .._version import __version__
 app = typer.Typer(
     name="humanline",
     help=(
-        "Humanline command line: upload training data, run DPO, KTO and GRPO jobs "
+        "Humanline command line: upload training data, run SFT, DPO, KTO and GRPO jobs "
         "(offline or online, with or without humanline) on a Humanline server, evaluate "
         "them and fetch their reports.\n\n"
         "Configure with --base-url/--api-key or HUMANLINE_BASE_URL/HUMANLINE_API_KEY. "

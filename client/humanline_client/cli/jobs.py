@@ -130,7 +130,7 @@ def jobs_create(
         Optional[str], typer.Option("--model", help="Base model, e.g. smollm2-135m-instruct.")
     ] = None,
     file: FileOpt = None,
-    objective: Annotated[Optional[str], typer.Option(help="dpo, kto or grpo.")] = None,
+    objective: Annotated[Optional[str], typer.Option(help="sft, dpo, kto or grpo.")] = None,
     variant: Annotated[
         Optional[str],
         typer.Option(help="offline, offline+humanline, online or online+humanline."),

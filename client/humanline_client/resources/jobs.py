@@ -145,7 +145,7 @@ class _Jobs(APIResource):
     ) -> Steps[Job]:
         """Submit a training job: every keyword but the last three is a JobSpec field
         (tests/client/test_spec_keywords.py holds them against the spec's JSON schema).
-        `objective` is "dpo" | "kto" | "grpo" or a dict with its hyperparameters
+        `objective` is "sft" | "dpo" | "kto" | "grpo" or a dict with its hyperparameters
         ({"name": "dpo", "beta": 0.1}); `variant` is the shorthand "offline" |
         "offline+humanline" | "online" | "online+humanline" for data_source and humanline;
         `online` sets sampling and rewards of online jobs; `evaluations` run on the final
