@@ -21,22 +21,28 @@ Records are normalised so the rest of the code sees one shape per format:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
+from contract.items import reinforcement_prompt
+from contract.records import ROLES as ROLES
+from contract.records import VISIBLE as _VISIBLE
+from contract.records import RecordError as RecordError
+from contract.records import RecordErrors as RecordErrors
+from contract.records import each as _each
+from contract.records import messages as _messages
+from contract.records import text as _text
+from contract.records import text_or_messages as _text_or_messages
+from contract.sft_data import is_sft, parse_sft
+
 Format = Literal["preference", "unpaired", "sft", "prompt", "eval_instruction", "eval_math"]
 TRAIN_FORMATS: tuple[Format, ...] = ("preference", "unpaired", "sft", "prompt")
 EVAL_FORMATS: tuple[Format, ...] = ("eval_instruction", "eval_math")
-ROLES = ("system", "user", "assistant", "tool")
 MAX_LINE_BYTES = 1 << 20  # 1 MiB per JSONL line
 MAX_ERRORS = 20
 MAX_ERRORS_PER_LINE = 8  # every error of a line is reported, up to this many
 MAX_WARNINGS = 20
-# A visible character: not whitespace, not a control or format character (C0/C1 controls,
-# zero-width and direction marks, the BOM). A text without one is refused as empty.
-_VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]")
 # Columns each format reads; others are listed as warnings (the prompt format keeps every
 # column: extra ones reach reward functions).
 KNOWN_KEYS: dict[str, frozenset[str] | None] = {
@@ -49,40 +55,6 @@ KNOWN_KEYS: dict[str, frozenset[str] | None] = {
     "eval_instruction": frozenset({"instruction", "output", "generator"}),
     "eval_math": frozenset({"problem", "answer", "level", "subject"}),
 }
-
-
-class RecordError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-class RecordErrors(RecordError):
-    """Every error found in one record (a parser checks each field before giving up); reads
-    as its first error where one is expected."""
-
-    def __init__(self, errors: list[RecordError]):
-        super().__init__(errors[0].field, errors[0].message)
-        self.errors = errors
-
-
-def _each(*checks):
-    """Run each check (a zero-argument callable); return their results, or raise every
-    RecordError they raised together."""
-    out, errors = [], []
-    for check in checks:
-        try:
-            out.append(check())
-        except RecordErrors as many:
-            errors.extend(many.errors)
-            out.append(None)
-        except RecordError as err:
-            errors.append(err)
-            out.append(None)
-    if errors:
-        raise RecordErrors(errors)
-    return out
 
 
 @dataclass(frozen=True)
@@ -120,45 +92,9 @@ class ValidationReport:
             self.errors.append(err)
 
 
-def _text(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise RecordError(name, f"must be a string, got {type(value).__name__}")
-    if _VISIBLE.search(value) is None:  # usually found at the first character
-        raise RecordError(name, "must not be empty (or only whitespace and control characters)")
-    return value
-
-
-def _role(value: Any, name: str) -> str:
-    if value not in ROLES:
-        raise RecordError(name, f"must be one of {', '.join(ROLES)}")
-    return value
-
-
-def _message(msg: Any, where: str) -> dict[str, str]:
-    if not isinstance(msg, dict):
-        raise RecordError(where, "must be an object with 'role' and 'content'")
-    role, content = _each(
-        lambda: _role(msg.get("role"), f"{where}.role"),
-        lambda: _text(msg.get("content"), f"{where}.content"),
-    )
-    return {"role": role, "content": content}
-
-
-def _messages(value: Any, name: str) -> list[dict[str, str]]:
-    """Every message is checked: each bad role or content is its own error."""
-    if not isinstance(value, list) or not value:
-        raise RecordError(name, "must be a non-empty list of messages")
-    checks = [lambda m=msg, i=i: _message(m, f"{name}[{i}]") for i, msg in enumerate(value)]
-    return _each(*checks)
-
-
 def _differ(chosen: Any, rejected: Any, name: str = "rejected") -> None:
     if chosen == rejected:
         raise RecordError(name, "is identical to the preferred answer: a pair must differ")
-
-
-def _text_or_messages(value: Any, name: str) -> str | list[dict[str, str]]:
-    return _messages(value, name) if isinstance(value, list) else _text(value, name)
 
 
 def _completion_pair(obj: dict, keys: tuple[str, str]) -> tuple[Any, Any]:
@@ -223,8 +159,6 @@ def _unpaired(obj: dict) -> dict:
 
 def _prompt(obj: dict) -> dict:
     if "prompt" not in obj and "messages" in obj:  # OpenAI's reinforcement layout
-        from contract.items import reinforcement_prompt  # (contract.items imports this module)
-
         out = reinforcement_prompt(obj)
     else:
         out = dict(obj)
@@ -256,9 +190,6 @@ def _eval_math(obj: dict) -> dict:
             out[key] = str(obj[key])
     return out
 
-
-# SFT's parser uses the helpers above (contract.sft_data imports them), hence here.
-from contract.sft_data import is_sft, parse_sft  # noqa: E402
 
 _PARSERS = {
     "preference": _preference,
@@ -314,6 +245,27 @@ def _loads(text: str) -> Any:
     return json.loads(text)
 
 
+def _mixed(obj: dict, line_fmt: Format, fmt: Format) -> RecordError:
+    """A line of another format than the file's first: where OpenAI's `messages` decide it
+    (a last assistant turn: supervised; else a reinforcement prompt), the turn to change."""
+    turns = obj.get("messages")
+    if {line_fmt, fmt} == {"sft", "prompt"} and isinstance(turns, list) and turns:
+        where = f"messages[{len(turns) - 1}].role"
+        if line_fmt == "sft":
+            return RecordError(
+                where,
+                "the last turn is an assistant turn: that is supervised data, and this file "
+                "holds reinforcement prompts (their messages end with a user turn; the "
+                "expected answer goes in a field such as 'answer')",
+            )
+        return RecordError(
+            where,
+            "the last turn is not an assistant turn: this file is supervised data, whose "
+            "conversations end with the assistant's answer",
+        )
+    return RecordError("(columns)", f"mixed formats: this line is {line_fmt}, file is {fmt}")
+
+
 def parse_line(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict]:
     """Parse one JSONL line; raises RecordError naming the field, or RecordErrors naming
     every bad field of the record."""
@@ -340,7 +292,7 @@ def parse_record(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict, se
         raise RecordError("(json)", "each line must be a JSON object")
     line_fmt = detect_format(obj)
     if fmt is not None and line_fmt != fmt:
-        raise RecordError("(columns)", f"mixed formats: this line is {line_fmt}, file is {fmt}")
+        raise _mixed(obj, line_fmt, fmt)
     known = KNOWN_KEYS[line_fmt]
     return line_fmt, _PARSERS[line_fmt](obj), (obj.keys() - known) if known is not None else set()
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contract.data import RecordError, _messages
+from contract.records import RecordError
+from contract.records import messages as _messages
 
 MAX_PROFILED_FIELDS = 64  # fields of a prompt file's first line whose presence is tracked
 # Fields of a chat request that a prompt line cannot honour: the model would be sampled

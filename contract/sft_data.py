@@ -19,7 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from contract.data import RecordError, _each, _text, _text_or_messages
+from contract.records import RecordError
+from contract.records import each as _each
+from contract.records import text as _text
+from contract.records import text_or_messages as _text_or_messages
 
 TOOL_KEYS = ("tools", "functions", "parallel_tool_calls")
 SFT_ROLES = ("system", "user", "assistant")

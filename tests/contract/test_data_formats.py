@@ -332,7 +332,11 @@ def test_bad_openai_reinforcement_lines_are_refused_with_their_line(line, field,
     assert (error.line, error.field) == (2, field) and says in error.message, error
 
 
-def test_an_assistant_ending_file_says_what_to_change():
-    report, _ = validate([{"messages": [USER, {"role": "assistant", "content": "Paris"}]}])
+def test_messages_ending_with_the_assistant_are_supervised_and_a_mix_says_what_to_change():
+    answered = {"messages": [USER, {"role": "assistant", "content": "Paris"}]}
+    report, _ = validate([answered])
+    assert report.ok and report.format == "sft"
+    report, _ = validate([answered, {"messages": [USER], "answer": "Paris"}])
     (error,) = report.errors
-    assert "end with the user turn" in error.message and "supervised" in error.message
+    assert (error.line, error.field) == (2, "messages[0].role")
+    assert "supervised" in error.message and "assistant's answer" in error.message

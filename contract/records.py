@@ -1,0 +1,84 @@
+"""One JSONL record's field checks, shared by every training format's parser (contract.data,
+contract.sft_data, contract.items): the error type that names a field, and the checks of
+texts, roles and chat messages. Each check raises RecordError naming the field; `each` runs
+several and raises all their errors together."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+# A visible character: not whitespace, not a control or format character (C0/C1 controls,
+# zero-width and direction marks, the BOM). A text without one is refused as empty.
+VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]")
+
+
+class RecordError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class RecordErrors(RecordError):
+    """Every error found in one record (a parser checks each field before giving up); reads
+    as its first error where one is expected."""
+
+    def __init__(self, errors: list[RecordError]):
+        super().__init__(errors[0].field, errors[0].message)
+        self.errors = errors
+
+
+def each(*checks):
+    """Run each check (a zero-argument callable); return their results, or raise every
+    RecordError they raised together."""
+    out, errors = [], []
+    for check in checks:
+        try:
+            out.append(check())
+        except RecordErrors as many:
+            errors.extend(many.errors)
+            out.append(None)
+        except RecordError as err:
+            errors.append(err)
+            out.append(None)
+    if errors:
+        raise RecordErrors(errors)
+    return out
+
+
+def text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise RecordError(name, f"must be a string, got {type(value).__name__}")
+    if VISIBLE.search(value) is None:  # usually found at the first character
+        raise RecordError(name, "must not be empty (or only whitespace and control characters)")
+    return value
+
+
+def a_role(value: Any, name: str) -> str:
+    if value not in ROLES:
+        raise RecordError(name, f"must be one of {', '.join(ROLES)}")
+    return value
+
+
+def message(msg: Any, where: str) -> dict[str, str]:
+    if not isinstance(msg, dict):
+        raise RecordError(where, "must be an object with 'role' and 'content'")
+    role, content = each(
+        lambda: a_role(msg.get("role"), f"{where}.role"),
+        lambda: text(msg.get("content"), f"{where}.content"),
+    )
+    return {"role": role, "content": content}
+
+
+def messages(value: Any, name: str) -> list[dict[str, str]]:
+    """Every message is checked: each bad role or content is its own error."""
+    if not isinstance(value, list) or not value:
+        raise RecordError(name, "must be a non-empty list of messages")
+    checks = [lambda m=msg, i=i: message(m, f"{name}[{i}]") for i, msg in enumerate(value)]
+    return each(*checks)
+
+
+def text_or_messages(value: Any, name: str) -> str | list[dict[str, str]]:
+    return messages(value, name) if isinstance(value, list) else text(value, name)
