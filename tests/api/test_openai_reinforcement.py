@@ -75,7 +75,7 @@ def test_bad_lines_are_refused_with_their_line_numbers(client, team_a, store):
         (4, "messages"),
         (5, "tools"),
     ]
-    assert "end with the user turn" in errors[0]["message"]
+    assert "supervised" in errors[0]["message"] and "answer" in errors[0]["message"]
     assert "no user turn" in errors[1]["message"]
     assert "line 2: messages[1].role" in r.json()["error"]["message"]
     assert not any(p.endswith(".jsonl") for p in store_keys(store))  # nothing kept
