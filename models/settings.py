@@ -278,7 +278,8 @@ class Settings(BaseSettings):
 
     @property
     def webhooks_allow_http(self) -> bool:
-        return self.embedded_worker if self.WEBHOOKS_ALLOW_HTTP is None else self.WEBHOOKS_ALLOW_HTTP
+        allow = self.WEBHOOKS_ALLOW_HTTP
+        return self.embedded_worker if allow is None else allow
 
     @property
     def webhooks_allowed_cidrs(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
