@@ -306,7 +306,7 @@ class WebhookThread(threading.Thread):
         self.sessions, self.settings, self.poll = sessions, settings, poll
         self._wakeups: queue.Queue[str | None] = queue.Queue()
         self._retries: dict[str, float] = {}  # endpoint → monotonic time its retry is due
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def wake(self, endpoint_id: str) -> None:
         self._wakeups.put(endpoint_id)
@@ -320,7 +320,7 @@ class WebhookThread(threading.Thread):
 
     def run(self) -> None:
         last_poll = 0.0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             timeout = min([self.poll, *(at - time.monotonic() for at in self._retries.values())])
             try:
                 first = self._wakeups.get(timeout=max(timeout, 0.01))
@@ -344,6 +344,6 @@ class WebhookThread(threading.Thread):
                     self._retries[endpoint_id] = time.monotonic() + delay
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
+        self._halt.set()
         self._wakeups.put(None)
         self.join(timeout)
