@@ -20,7 +20,8 @@ from models.teams import create_api_key, create_team, revoke_api_key
 from models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, new_secret
 from tests.fixtures.rows import add_evaluation
 from tests.worker.webhook_receiver import Receiver, verify
-from worker.webhooks import WebhookThread, deliver_endpoint, sign
+from worker import embedded
+from worker.webhooks import deliver_endpoint, sign
 
 SPEC = {"base_model": "tiny-llama", "objective": {"name": "dpo"}}
 
@@ -284,15 +285,17 @@ def test_repeated_failures_disable_the_endpoint(db_sessions, db_url):
         assert "2 failed deliveries in a row" in (row.disabled_reason or "")
 
 
-def test_embedded_webhooks(sqlite_url):
-    """The embedded default (SQLite, in-process): the commit wakes the webhook thread."""
-    settings = settings_for(sqlite_url, BROKER_URL="memory://", WEBHOOKS_ALLOW_HTTP=None)
+def test_embedded_webhooks(sqlite_url, tmp_path):
+    """The embedded default (SQLite, the in-process worker): its webhook thread delivers
+    what a commit queued, retries included, without any broker."""
+    settings = settings_for(
+        sqlite_url, BROKER_URL="memory://", WEBHOOKS_ALLOW_HTTP=None, SWEEP_SECONDS=0,
+        STORAGE_URL=f"file://{tmp_path / 'objects'}",
+    )  # fmt: skip
     engine = make_engine(sqlite_url)
     db_sessions = make_session_factory(engine)
     team = make_team(db_sessions)
-    thread = WebhookThread(db_sessions, settings, poll=30)
-    thread.start()
-    webhooks.set_sender(thread.wake)
+    worker = embedded.start(settings)
     try:
         with Receiver(script=[500]) as rx:
             endpoint, secret = make_endpoint(db_sessions, team, rx.url)
@@ -303,5 +306,6 @@ def test_embedded_webhooks(sqlite_url):
             assert [verify(secret, r)["data"]["id"] for r in rx.received] == [job_id] * 2
         assert [d.status for d in deliveries(db_sessions, endpoint)] == ["delivered"]
     finally:
-        thread.stop()
+        embedded.stop()
         engine.dispose()
+    assert not worker.webhooks.is_alive()
