@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 
-from api.deps import CurrentTeam, SessionDep, SettingsDep
+from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep
 from api.errors import api_error
 from api.paging import DEFAULT_LIMIT, Cursor, Limit, fetch_page, newest_first, page_of
 from api.schemas import Deleted, Page, error_responses
@@ -122,10 +123,17 @@ WebhookId = Annotated[str, Path(max_length=64)]
 
 @router.post("", status_code=201, response_model=WebhookOut, responses=_ERRORS)
 def create_webhook(
-    body: WebhookCreate, team: CurrentTeam, session: SessionDep, settings: SettingsDep
+    body: WebhookCreate,
+    team: CurrentTeam,
+    session: SessionDep,
+    settings: SettingsDep,
+    idem: IdempotencyDep,
 ):
     """Register a URL for the team's events. The response carries the signing `secret`; it
-    is never shown again (delete and create the endpoint to get a new one)."""
+    is never shown again (delete and create the endpoint to get a new one), except to a
+    retry with the same Idempotency-Key."""
+    if (replayed := idem.replay(body)) is not None:
+        return replayed
     try:  # resolves the host (a sync route: in a worker thread, not the event loop)
         check_url(body.url, settings)
     except UrlRefused as exc:
@@ -135,15 +143,21 @@ def create_webhook(
         select(WebhookEndpoint.id).where(WebhookEndpoint.team_id == team_id)
     ).all())  # fmt: skip
     if count >= MAX_ENDPOINTS_PER_TEAM:
-        raise api_error(429, f"at most {MAX_ENDPOINTS_PER_TEAM} webhooks per team")
+        raise api_error(
+            429, f"at most {MAX_ENDPOINTS_PER_TEAM} webhooks per team",
+            headers={"x-should-retry": "false"},
+        )
     secret = new_secret()
     row = WebhookEndpoint(
         team_id=team_id, url=body.url, events=body.events, description=body.description,
         secret=secret, status="enabled", consecutive_failures=0,
     )  # fmt: skip
     session.add(row)
-    session.commit()
-    return WebhookOut.of(row, secret=secret)
+    session.flush()
+    out = WebhookOut.of(row, secret=secret).model_dump(mode="json")
+    if (winner := idem.commit(201, out)) is not None:
+        return winner
+    return JSONResponse(out, status_code=201)
 
 
 @router.get("", response_model=Page[WebhookOut], responses=_ERRORS)

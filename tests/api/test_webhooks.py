@@ -52,6 +52,16 @@ def test_create_shows_the_secret_once(client, team_a, team_b):
     assert client.get(f"/v1/webhooks/{webhook_id}", headers=team_a.headers).status_code == 404
 
 
+def test_a_retried_create_returns_the_same_endpoint(client, team_a):
+    headers = {**team_a.headers, "Idempotency-Key": "k1"}
+    body = {"url": "http://127.0.0.1:8/hook"}
+    first = client.post("/v1/webhooks", headers=headers, json=body)
+    again = client.post("/v1/webhooks", headers=headers, json=body)
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
+    assert len(client.get("/v1/webhooks", headers=team_a.headers).json()["data"]) == 1
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -79,18 +79,22 @@ class _Webhooks(APIResource):
         url: str,
         events: Optional[Sequence[Union[WebhookEventType, str]]] = None,
         description: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
         timeout: Any = NOT_GIVEN,
     ) -> Steps[Webhook]:
         """Register `url` for the team's `events` (default: all of job.succeeded,
         job.failed, job.cancelled, evaluation.succeeded, evaluation.failed). The returned
         `secret` is never shown again. A URL that is not https, or that resolves to a
-        private, loopback or link-local address, raises BadRequestError naming `url`."""
+        private, loopback or link-local address, raises BadRequestError naming `url`. Retries
+        reuse one Idempotency-Key: one call, one endpoint."""
         body: dict[str, Any] = {"url": url}
         if events is not None:
             body["events"] = list(events)
         if description is not None:
             body["description"] = description
-        opts = RequestOptions("POST", "/v1/webhooks", json=body, timeout=timeout)
+        opts = RequestOptions(
+            "POST", "/v1/webhooks", json=body, idempotency_key=idempotency_key, timeout=timeout
+        )
         return (yield from self._call(Webhook, opts))
 
     @paged
