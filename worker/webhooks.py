@@ -104,7 +104,7 @@ def send_once(
             code = response.status_code  # the body is never read
     except httpx.TimeoutException:
         return None, f"timed out after {settings.WEBHOOK_TIMEOUT_SECONDS:g}s"
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure is a failed attempt, logged
         return None, f"{type(exc).__name__}: {exc}"[:500]
     return code, None if 200 <= code < 300 else f"HTTP {code}"
 
@@ -249,7 +249,7 @@ def deliver_endpoint(
     """Send `endpoint_id`'s due deliveries, oldest first. Returns the seconds until its next
     retry is due (the caller runs this again then), or None when nothing is left pending or
     another process holds the endpoint (that one sends what this call would have)."""
-    lease = 2 * settings.WEBHOOK_TIMEOUT_SECONDS + 30
+    lease = 4 * settings.WEBHOOK_TIMEOUT_SECONDS + 30  # connect, write, read: each timed
     own_client = client is None
     http = client or httpx.Client(follow_redirects=False, trust_env=False)
     try:

@@ -6,6 +6,7 @@ revoked teams, disabling. The embedded (SQLite) path: test_embedded_webhooks at 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
@@ -13,6 +14,7 @@ from sqlalchemy import select
 from models import evaluations as eval_states
 from models import jobs as job_states
 from models import webhooks
+from models.base import utcnow
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from models.tables import ApiKey
@@ -21,7 +23,7 @@ from models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, ne
 from tests.fixtures.rows import add_evaluation
 from tests.worker.webhook_receiver import Receiver, verify
 from worker import embedded
-from worker.webhooks import deliver_endpoint, sign
+from worker.webhooks import deliver_endpoint, due_endpoints, sign
 
 SPEC = {"base_model": "tiny-llama", "objective": {"name": "dpo"}}
 
@@ -214,6 +216,27 @@ def test_the_commit_wakes_the_sender(db_sessions, db_url):
     assert woken == [(endpoint, 1)]
 
 
+def test_the_sweep_finds_what_no_sender_took(db_sessions, db_url):
+    settings = settings_for(db_url)
+    team = make_team(db_sessions)
+    with Receiver() as rx:
+        endpoint, _ = make_endpoint(db_sessions, team, rx.url)
+        end_job(db_sessions, team)  # no sender: as if the broker message was lost
+        assert due_endpoints(db_sessions) == [endpoint]
+        with db_sessions() as s:  # a live sender holds it: not sent twice
+            s.get(WebhookEndpoint, endpoint).lease_until = utcnow() + timedelta(seconds=60)
+            s.commit()
+        assert due_endpoints(db_sessions) == []
+        assert deliver_endpoint(db_sessions, settings, endpoint) is None and not rx.received
+        with db_sessions() as s:  # its worker died: the lease runs out
+            s.get(WebhookEndpoint, endpoint).lease_until = utcnow() - timedelta(seconds=1)
+            s.commit()
+        for endpoint_id in due_endpoints(db_sessions):
+            drive(db_sessions, settings, endpoint_id)
+        assert len(rx.received) == 1
+    assert due_endpoints(db_sessions) == []
+
+
 def test_private_addresses_are_refused_at_delivery(db_sessions, db_url):
     team = make_team(db_sessions)
     with Receiver() as rx:
@@ -226,7 +249,8 @@ def test_private_addresses_are_refused_at_delivery(db_sessions, db_url):
         assert rx.received == []
     [delivery] = deliveries(db_sessions, endpoint)
     assert delivery.status == "failed"
-    assert "127.0.0.1" in (delivery.last_error or "") and "refused" in delivery.last_error
+    error = delivery.last_error or ""
+    assert "127.0.0.1" in error and "refused" in error
 
 
 def test_dns_rebinding_is_checked_at_delivery(db_sessions, db_url):
