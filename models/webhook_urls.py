@@ -74,7 +74,7 @@ def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> 
     except ValueError:
         try:
             names = resolver(host, port)
-        except (OSError, UnicodeError):
+        except (OSError, UnicodeError, ValueError):
             raise UrlRefused(f"host {host!r} does not resolve") from None
     addresses = tuple(ipaddress.ip_address(name.split("%")[0]) for name in names)
     if not addresses:

@@ -35,7 +35,7 @@ from models.webhooks import (
 )
 
 router = APIRouter(prefix="/webhooks", tags=["webhooks"])
-_ERRORS = error_responses(400, 401, 404, 422, 429)
+_ERRORS = error_responses(400, 401, 404, 409, 422, 429)
 MAX_ENDPOINTS_PER_TEAM = 20
 
 
