@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import select
@@ -214,6 +215,26 @@ def test_the_commit_wakes_the_sender(db_sessions, db_url):
     assert woken == []
     end_job(db_sessions, team, "failed")
     assert woken == [(endpoint, 1)]
+
+
+def test_the_celery_task_sends_itself_again_when_a_retry_is_due(db_sessions, db_url, monkeypatch):
+    from worker import tasks
+
+    monkeypatch.setattr(tasks, "runner", lambda: SimpleNamespace(sessions=db_sessions))
+    monkeypatch.setattr(tasks, "settings", settings_for(db_url))
+    sent: list[tuple[str, float | None]] = []
+    monkeypatch.setattr(tasks, "send_deliver_webhooks", lambda e, countdown=None: sent.append(
+        (e, countdown)
+    ))  # fmt: skip
+    team = make_team(db_sessions)
+    with Receiver(script=[500]) as rx:
+        endpoint, _ = make_endpoint(db_sessions, team, rx.url)
+        end_job(db_sessions, team)
+        delay = tasks.deliver_webhooks(endpoint)
+        assert delay is not None and 0 < delay <= 0.05 and sent == [(endpoint, delay)]
+        time.sleep(delay)
+        assert tasks.deliver_webhooks(endpoint) is None and len(sent) == 1
+        assert len(rx.received) == 2
 
 
 def test_the_sweep_finds_what_no_sender_took(db_sessions, db_url):
