@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from sqlalchemy import select
 
@@ -22,7 +23,7 @@ from models.tables import ApiKey
 from models.teams import create_api_key, create_team, revoke_api_key
 from models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, new_secret
 from tests.fixtures.rows import add_evaluation
-from tests.worker.webhook_receiver import Receiver, verify
+from tests.worker.webhook_receiver import Receiver, tls_context_for, verify
 from worker import embedded
 from worker.webhooks import deliver_endpoint, due_endpoints, sign
 
@@ -256,6 +257,33 @@ def test_the_sweep_finds_what_no_sender_took(db_sessions, db_url):
             drive(db_sessions, settings, endpoint_id)
         assert len(rx.received) == 1
     assert due_endpoints(db_sessions) == []
+
+
+def test_https_goes_to_the_checked_address_with_the_name_for_tls(db_sessions, db_url, tmp_path):
+    """The connection is pinned to the resolved address while TLS (SNI, the certificate's
+    name) and Host still use the URL's name; a certificate for another name fails."""
+    settings = settings_for(db_url, WEBHOOKS_ALLOW_HTTP=False, WEBHOOK_MAX_ATTEMPTS=1)
+    team = make_team(db_sessions)
+    server_tls, client_tls = tls_context_for(tmp_path, "hooks.test")
+    resolver = lambda host, port: ["127.0.0.1"] if host == "hooks.test" else []  # noqa: E731
+    with Receiver(tls=server_tls) as rx, httpx.Client(verify=client_tls) as http:
+        good, secret = make_endpoint(db_sessions, team, f"https://hooks.test:{rx.port}/h")
+        end_job(db_sessions, team)
+        deliver_endpoint(db_sessions, settings, good, client=http, resolver=resolver)
+        [got] = rx.received
+        verify(secret, got)
+        assert got.headers["host"] == f"hooks.test:{rx.port}"
+        with db_sessions() as s:
+            s.delete(s.get(WebhookEndpoint, good))
+            s.commit()
+        other, _ = make_endpoint(db_sessions, team, f"https://other.test:{rx.port}/h")
+        end_job(db_sessions, team)
+        deliver_endpoint(
+            db_sessions, settings, other, client=http, resolver=lambda h, p: ["127.0.0.1"]
+        )
+        assert len(rx.received) == 1
+    [failed] = deliveries(db_sessions, other)
+    assert failed.status == "failed" and "CERTIFICATE_VERIFY_FAILED" in (failed.last_error or "")
 
 
 def test_private_addresses_are_refused_at_delivery(db_sessions, db_url):

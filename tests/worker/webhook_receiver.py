@@ -26,7 +26,10 @@ class Received:
 
 
 class Receiver:
-    def __init__(self, script: list[Any] | None = None, default: Any = 200, slow: float = 1.0):
+    def __init__(
+        self, script: list[Any] | None = None, default: Any = 200, slow: float = 1.0,
+        tls: Any = None,
+    ):  # fmt: skip
         self.script, self.default, self.slow = list(script or []), default, slow
         self.received: list[Received] = []
         self._lock = threading.Lock()
@@ -52,11 +55,17 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if tls is not None:  # an https receiver (tls_context_for)
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return f"http://127.0.0.1:{self.port}/hook"
 
     def __enter__(self) -> Receiver:
         self.thread.start()
@@ -80,3 +89,44 @@ def verify(secret: str, received: Received, tolerance: float = 300) -> Any:
         for version, _, sig in (s.partition(",") for s in signatures.split(" "))
     ), "no matching signature"
     return received.json
+
+
+def tls_context_for(tmp_path: Any, hostname: str) -> tuple[Any, Any]:
+    """(server SSLContext with a self-signed certificate for `hostname`, client SSLContext
+    trusting only it)."""
+    import datetime
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert_file, key_file)
+    client = ssl.create_default_context(cafile=str(cert_file))
+    return server, client
