@@ -21,8 +21,9 @@ from api.errors import RequestTooLarge, install_error_handlers
 from api.limits import SlotLimiter, stream_limiter, upload_limiter
 from api.observability import Metrics, RequestMiddleware, configure_logging
 from api.queues import WorkQueue, default_queue
-from api.routes import evaluations, files, fine_tuning, health, jobs, reports
-from contract.tasks import RUN_EVALUATION, RUN_JOB
+from api.routes import evaluations, files, fine_tuning, health, jobs, reports, webhooks
+from contract.tasks import DELIVER_WEBHOOKS, RUN_EVALUATION, RUN_JOB
+from models import webhooks as webhook_outbox
 from models.db import make_engine, make_session_factory
 from models.settings import Settings, get_settings
 from models.tables import JOB_STATUSES, Job
@@ -106,6 +107,8 @@ def create_app(
         eval_queue if eval_queue is not None else default_queue(settings, RUN_EVALUATION)
     )
     app.state.metrics = metrics
+    if queue is None and not settings.embedded_worker:  # webhooks of the API's own commits
+        webhook_outbox.set_sender(default_queue(settings, DELIVER_WEBHOOKS).enqueue)
     metrics.registry.register(_SlotsCollector(upload_limiter(app.state), stream_limiter(app.state)))
 
     def body_limit(scope: Scope) -> int:
@@ -118,6 +121,7 @@ def create_app(
     app.include_router(jobs.router, prefix="/v1")
     app.include_router(evaluations.router, prefix="/v1")
     app.include_router(reports.router, prefix="/v1")
+    app.include_router(webhooks.router, prefix="/v1")
     app.include_router(fine_tuning.router, prefix="/v1")
     app.include_router(health.router)
     if settings.METRICS_ON_API_PORT:

@@ -19,14 +19,16 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 
 from fastapi import Depends, Request
 
-from contract.tasks import RUN_EVALUATION, RUN_JOB
+from contract.tasks import DELIVER_WEBHOOKS, RUN_EVALUATION, RUN_JOB
 from models.settings import Settings
 
 log = logging.getLogger("humanline.api")
 
 _CELERY_LOCK = threading.Lock()
 # The embedded worker's hand-over function for each task.
-_EMBEDDED = {RUN_JOB: "enqueue", RUN_EVALUATION: "enqueue_evaluation"}
+_EMBEDDED = {
+    RUN_JOB: "enqueue", RUN_EVALUATION: "enqueue_evaluation", DELIVER_WEBHOOKS: "enqueue_webhooks"
+}
 
 
 @runtime_checkable

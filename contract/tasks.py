@@ -6,6 +6,7 @@ from __future__ import annotations
 RUN_JOB = "worker.tasks.run_job"
 RUN_EVALUATION = "worker.tasks.run_evaluation"
 REAP = "worker.tasks.reap"
+DELIVER_WEBHOOKS = "worker.tasks.deliver_webhooks"  # (endpoint_id): worker.webhooks
 
 CPU_QUEUE = "cpu"
 GPU_QUEUE = "gpu"

@@ -12,6 +12,8 @@ Imports SQLAlchemy and pydantic only (the API and the worker both use it; never 
     quota           per-team quotas on active jobs and evaluations
     scheduling      fair claims across teams (fewest running, least recently served)
     teams           teams and API keys (only a key's sha256 is stored)
+    webhooks        webhook endpoints, the outbox of deliveries and their attempt log;
+                    webhook_urls the SSRF guard of their URLs
 """
 
 from models.base import Base, new_id, utcnow
@@ -30,6 +32,7 @@ from models.tables import (
     JobMetric,
     Team,
 )
+from models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -45,6 +48,9 @@ __all__ = [
     "JobEvent",
     "JobMetric",
     "Team",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
     "make_engine",
     "make_session_factory",
     "new_id",

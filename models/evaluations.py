@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from models import leases
+from models import leases, webhooks
 from models.base import utcnow
 from models.leases import CLEAR_LEASE
 from models.tables import EVAL_ACTIVE_STATUSES, EVAL_TERMINAL_STATUSES, Evaluation
@@ -82,6 +82,8 @@ def finish(
         .values(**CLEAR_LEASE, **values)
         .execution_options(synchronize_session=False)
     ).rowcount  # type: ignore[attr-defined]
+    if won:  # its webhooks, in this same transaction
+        webhooks.record_evaluation_event(session, evaluation_id, status)
     leases.expire_loaded(session, Evaluation, evaluation_id)
     return bool(won)
 
@@ -128,6 +130,8 @@ def reap_expired(
         ).rowcount  # type: ignore[attr-defined]
         if won and values["status"] == "queued":
             requeued.append(row_id)
+        elif won:
+            webhooks.record_evaluation_event(session, row_id, "failed")
     return requeued
 
 

@@ -37,7 +37,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, func, insert, literal, select
 from sqlalchemy.orm import Session, make_transient_to_detached
 
-from models import leases
+from models import leases, webhooks
 from models.base import UTCDateTime, new_id, utcnow
 from models.job_events import _bump_seq, _event
 from models.job_events import add_event as add_event
@@ -140,6 +140,8 @@ def transition(
                 message or f"{row.status} → {to_state}",
                 {"from": row.status, "to": to_state, **(data or {})},
             )
+            if to_state in TERMINAL_STATUSES:  # its webhooks, in this same transaction
+                webhooks.record_job_event(session, job_id, to_state)
             _expire(session, job_id)
             return True
     return False

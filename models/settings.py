@@ -231,6 +231,32 @@ class Settings(BaseSettings):
         "behind an ingress that does not route it); off by default."
     )
 
+    # --- webhooks (models.webhooks, worker.webhooks, docs/webhooks.md) ----------------------
+    WEBHOOKS_ALLOW_PRIVATE: bool = Field(
+        False, description="Let webhook URLs resolve to loopback, link-local, private or other "
+        "non-public addresses (SSRF guard off). Off by default.",
+    )
+    WEBHOOKS_ALLOWED_CIDRS: str = Field(
+        "", description="Comma-separated CIDRs webhook URLs may resolve to although they are not "
+        "public (e.g. '10.1.0.0/16'); checked at create and again at each delivery.",
+    )
+    WEBHOOKS_ALLOW_HTTP: bool | None = Field(
+        None, description="Accept http:// webhook URLs. None: only with the embedded worker "
+        "(BROKER_URL=memory://); production requires https.",
+    )
+    WEBHOOK_TIMEOUT_SECONDS: float = Field(10.0, gt=0, description="One delivery attempt.")
+    WEBHOOK_MAX_ATTEMPTS: int = Field(
+        8, ge=1, description="Attempts of one delivery before it is marked failed."
+    )
+    WEBHOOK_BACKOFF_SECONDS: float = Field(
+        5.0, ge=0, description="Wait before the 2nd attempt; doubled after each failure."
+    )
+    WEBHOOK_BACKOFF_MAX_SECONDS: float = Field(3600.0, ge=0, description="Cap of that wait.")
+    WEBHOOK_DISABLE_AFTER: int = Field(
+        5, ge=1, description="Consecutive failed deliveries (every attempt failed) after which "
+        "an endpoint is disabled.",
+    )
+
     LOG_LEVEL: str = "INFO"
     LOG_JSON: bool = True
 
@@ -249,6 +275,16 @@ class Settings(BaseSettings):
     def embedded_worker(self) -> bool:
         """True when jobs run in the API process (no broker)."""
         return self.BROKER_URL.startswith("memory://")
+
+    @property
+    def webhooks_allow_http(self) -> bool:
+        allow = self.WEBHOOKS_ALLOW_HTTP
+        return self.embedded_worker if allow is None else allow
+
+    @property
+    def webhooks_allowed_cidrs(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        nets = (n.strip() for n in self.WEBHOOKS_ALLOWED_CIDRS.split(","))
+        return tuple(ipaddress.ip_network(n, strict=False) for n in nets if n)
 
     @property
     def trusted_proxies(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -15,7 +15,8 @@ store), evaluate (evaluation's prepare and conclude),
 job_evaluations (evaluations a spec names, created when its job succeeds), config
 (WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
 gpus (WORKER_GPUS and the placement check), tail (JSONL files as they grow), reaper
-(expired leases and lost messages), sweeper (orphaned temp files and objects), scrub (no
+(expired leases and lost messages), webhooks (webhook deliveries: signed, ordered, retried),
+sweeper (orphaned temp files and objects), scrub (no
 server path, hostname or pid in what a team reads), celery_app + tasks (Celery), embedded
 (BROKER_URL=memory://: a thread in the API process). No torch is imported here: training
 and evaluation always run in a subprocess.

@@ -38,12 +38,20 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
-from contract.tasks import CPU_QUEUE, GPU_QUEUE, RUN_EVALUATION, RUN_JOB, ingress_queue
+from contract.tasks import (
+    CPU_QUEUE,
+    DELIVER_WEBHOOKS,
+    GPU_QUEUE,
+    RUN_EVALUATION,
+    RUN_JOB,
+    ingress_queue,
+)
 from models.db import make_engine, make_session_factory
 from models.tables import Evaluation, Job
 from worker.config import get_worker_settings
 from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations, reaper_options
 from worker.routing import queue_for
+from worker.webhooks import due_endpoints
 
 log = logging.getLogger("humanline.worker")
 
@@ -127,6 +135,8 @@ def send_run_evaluation(sessions, evaluation_id: str) -> None:
 def sweep(sessions) -> list[str]:
     """One reaper sweep of jobs and evaluations, sending to their own queues."""
     options = reaper_options(settings)
+    for endpoint_id in due_endpoints(sessions):  # webhook deliveries nobody is sending
+        app.send_task(DELIVER_WEBHOOKS, args=[endpoint_id])
     return reap_and_requeue(
         sessions, lambda job_id: send_run_job(sessions, job_id), **options
     ) + reap_evaluations(sessions, lambda eid: send_run_evaluation(sessions, eid), **options)

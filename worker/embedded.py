@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 
+from models import webhooks as webhook_outbox
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from storage import open_store
@@ -28,6 +29,7 @@ from worker.config import WorkerSettings, as_worker_settings
 from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations, reaper_options
 from worker.runner import Runner
 from worker.sweeper import StoreSweeper
+from worker.webhooks import WebhookThread
 
 log = logging.getLogger("humanline.worker.embedded")
 
@@ -46,6 +48,14 @@ def enqueue_evaluation(evaluation_id: str) -> None:
     _jobs.put(("evaluation", evaluation_id))
 
 
+def enqueue_webhooks(endpoint_id: str) -> None:
+    """Wake the webhook thread for an endpoint with new deliveries (its poll finds them
+    anyway)."""
+    current = _current
+    if current is not None:
+        current.webhooks.wake(endpoint_id)
+
+
 class EmbeddedWorker:
     def __init__(self, settings: WorkerSettings):
         self.settings = settings
@@ -61,6 +71,7 @@ class EmbeddedWorker:
             should_stop=self._stopping.is_set,
         )
         self.thread = threading.Thread(target=self._loop, name="humanline-embedded", daemon=True)
+        self.webhooks = WebhookThread(self.sessions, settings)  # never behind a training job
         self._first_sweep = True
         self.reaper = ReaperThread(self._sweep, settings.REAPER_SECONDS)
         self.sweeper: ReaperThread | None = None
@@ -97,6 +108,8 @@ class EmbeddedWorker:
 
     def start(self) -> EmbeddedWorker:
         self.thread.start()
+        self.webhooks.start()
+        webhook_outbox.set_sender(self.webhooks.wake)
         self.reaper.start()
         if self.sweeper is not None:
             self.sweeper.start()
@@ -105,6 +118,8 @@ class EmbeddedWorker:
     def stop(self, timeout: float = 60.0) -> None:
         """Stop taking jobs; a running job checkpoints at its next step and is released."""
         self._stopping.set()
+        webhook_outbox.set_sender(None)
+        self.webhooks.stop()
         self.reaper.stop()
         if self.sweeper is not None:
             self.sweeper.stop()

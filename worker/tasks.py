@@ -12,7 +12,8 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from contract.tasks import REAP
+from contract.tasks import DELIVER_WEBHOOKS, REAP
+from models import webhooks as webhook_outbox
 from models.db import make_engine, make_session_factory
 from storage import open_store
 from worker.celery_app import (
@@ -29,8 +30,9 @@ from worker.celery_app import (
 )
 from worker.runner import Runner
 from worker.sweeper import sweep as sweep_store
+from worker.webhooks import deliver_endpoint
 
-__all__ = ["app", "reap", "run_evaluation", "run_job", "sweep_storage"]
+__all__ = ["app", "deliver_webhooks", "reap", "run_evaluation", "run_job", "sweep_storage"]
 
 log = logging.getLogger("humanline.worker")
 
@@ -109,3 +111,21 @@ def sweep_storage() -> dict[str, Any]:
     r = runner()
     report = sweep_store(r.sessions, r.store, grace_seconds=settings.SWEEP_GRACE_SECONDS)
     return report.as_dict()
+
+
+def send_deliver_webhooks(endpoint_id: str, countdown: float | None = None) -> None:
+    app.send_task(DELIVER_WEBHOOKS, args=[endpoint_id], countdown=countdown)
+
+
+# The outbox rows this process commits (a job's end) start their deliveries at once.
+webhook_outbox.set_sender(send_deliver_webhooks)
+
+
+@app.task(name=DELIVER_WEBHOOKS)
+def deliver_webhooks(endpoint_id: str) -> float | None:
+    """Send an endpoint's due webhook deliveries in order (worker.webhooks); when a retry is
+    pending, run again once it is due (exponential backoff, WEBHOOK_BACKOFF_SECONDS)."""
+    delay = deliver_endpoint(runner().sessions, settings, endpoint_id)
+    if delay is not None:
+        send_deliver_webhooks(endpoint_id, countdown=delay)
+    return delay

@@ -7,6 +7,8 @@ and api/ (shapes, checks, queues).
                                              metrics, checkpoints (+ download), model download
     evaluations   /v1/evaluations            create, list, get, the stored report
     reports       /v1/jobs/{id}/report, /v1/reports/compare (rendered from the DB on request)
+    webhooks      /v1/webhooks               create (secret shown once), list, get, delete,
+                                             delivery log
     fine_tuning   /v1/fine_tuning/jobs, /v1/models: OpenAI's surface over the same jobs
     health        /healthz, /readyz, /metrics (outside /v1)
 """

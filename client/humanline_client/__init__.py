@@ -37,6 +37,7 @@ from ._retries import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, NOT_GIVEN
 from ._streaming import AsyncJobEventStream, JobEventStream
 from ._version import __version__
 from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator
+from .resources.webhooks import WebhookVerificationError, verify_webhook
 from .types import (
     Checkpoint,
     Comparison,
@@ -51,6 +52,8 @@ from .types import (
     JobReport,
     JobTraining,
     Metric,
+    Webhook,
+    WebhookDelivery,
 )
 
 __all__ = [
@@ -96,5 +99,9 @@ __all__ = [
     "RequestTooLargeError",
     "SyncPaginator",
     "UnprocessableEntityError",
+    "Webhook",
+    "WebhookDelivery",
+    "WebhookVerificationError",
     "__version__",
+    "verify_webhook",
 ]

@@ -9,10 +9,12 @@ from .resources import (
     AsyncFiles,
     AsyncJobs,
     AsyncReports,
+    AsyncWebhooks,
     Evaluations,
     Files,
     Jobs,
     Reports,
+    Webhooks,
 )
 
 __all__ = ["AsyncClient", "Client"]
@@ -43,6 +45,7 @@ class Client(SyncAPIClient):
     jobs: Jobs
     evaluations: Evaluations
     reports: Reports
+    webhooks: Webhooks
 
 
 class AsyncClient(AsyncAPIClient):
@@ -53,3 +56,4 @@ class AsyncClient(AsyncAPIClient):
     jobs: AsyncJobs
     evaluations: AsyncEvaluations
     reports: AsyncReports
+    webhooks: AsyncWebhooks

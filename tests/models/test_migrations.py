@@ -91,6 +91,8 @@ def test_every_table_is_in_the_initial_migration(tmp_path):
     command.upgrade(_config(url), "0001")
     engine = make_engine(url)
     try:
-        assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+        later = {"webhook_endpoints", "webhook_deliveries", "webhook_attempts"}  # 0007
+        assert set(Base.metadata.tables) - later <= set(inspect(engine).get_table_names())
+        assert not later & set(inspect(engine).get_table_names())
     finally:
         engine.dispose()

@@ -51,6 +51,7 @@ class World:
     job: str
     evaluation: str
     model: str  # the job's fine-tuned model, OpenAI's id (it names team A)
+    webhook: str = ""  # a webhook endpoint whose job.succeeded delivery is pending
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +109,11 @@ def world(app, client, team_a, db_sessions, store, tmp_path) -> World:
         )
         s.commit()
     model = client.get(f"/v1/fine_tuning/jobs/{job}", headers=team_a.headers).json()
-    return World(train, eval_file, job, evaluation, model["fine_tuned_model"])
+    webhook = client.post(  # after the job's end: nothing queued for it, the log is empty
+        "/v1/webhooks", headers=team_a.headers,
+        json={"url": "https://93.184.215.14/hook", "description": MARKER},
+    ).json()["id"]  # fmt: skip
+    return World(train, eval_file, job, evaluation, model["fine_tuned_model"], webhook)
 
 
 def every_route(w: World) -> list[tuple[str, str, dict | None, dict | None]]:
@@ -137,6 +142,9 @@ def every_route(w: World) -> list[tuple[str, str, dict | None, dict | None]]:
         ("GET", f"/v1/fine_tuning/jobs/{j}/events", None, None),
         ("GET", f"/v1/fine_tuning/jobs/{j}/checkpoints", None, None),
         ("GET", f"/v1/models/{w.model}", None, None),
+        ("GET", f"/v1/webhooks/{w.webhook}", None, None),
+        ("GET", f"/v1/webhooks/{w.webhook}/deliveries", None, None),
+        ("DELETE", f"/v1/webhooks/{w.webhook}", None, None),
         (
             "POST",
             "/v1/fine_tuning/jobs",

@@ -17,7 +17,7 @@ def test_other_teams_get_404_on_every_route_and_no_data(client, team_a, team_b, 
         for secret in (MARKER, team_a.id, "model.safetensors", "step-4"):
             if secret not in path:  # a 404 may name the id it was asked for (a model's)
                 assert secret not in r.text, (method, path, secret, r.text)
-    for path in ("/v1/files", "/v1/jobs", "/v1/evaluations"):
+    for path in ("/v1/files", "/v1/jobs", "/v1/evaluations", "/v1/webhooks"):
         r = client.get(path, headers=team_b.headers)
         assert r.status_code == 200 and r.json()["data"] == [], (path, r.text)
     # nothing of team A's was touched
