@@ -66,7 +66,8 @@ def write_jsonl(path: str | Path, records: list[dict]) -> Path:
 # Held-out instruction prompts for the demo's evaluation (examples/data/instruction_eval_demo.jsonl,
 # written by trainer.evaluation.demo_set): the families above, never a prompt of the bundled
 # preference files (new topics; arithmetic pairs drawn until unseen).
-_EVAL_TOPICS = ["the desert", "trains", "music", "a garden", "the rain", "bread", "mountains", "owls"]
+_EVAL_TOPICS = ["the desert", "trains", "music", "a garden", "the rain", "bread", "mountains",
+                "owls"]  # fmt: skip
 
 
 def eval_prompts(n: int, seed: int = 11, exclude: frozenset[str] = frozenset()) -> list[str]:

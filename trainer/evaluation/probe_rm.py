@@ -72,10 +72,14 @@ def pooled_features(
 def fit_bradley_terry(diffs: torch.Tensor, l2: float = 1.0) -> torch.Tensor:
     """w maximising Σ log σ(w·d) − l2/2 |w|² over rows d = h_chosen − h_rejected, on
     standardised features (the returned w is in the raw units: score = w·h). Convex: L-BFGS."""
-    scale = diffs.std(dim=0) + 1e-8 if len(diffs) > 1 else torch.ones(diffs.shape[1])
-    x = (diffs / scale).double()
+    diffs = diffs.double()
+    std = diffs.std(dim=0) if len(diffs) > 1 else torch.zeros(diffs.shape[1], dtype=torch.double)
+    scale = torch.where(std > 1e-12, std, torch.ones_like(std))  # a constant feature: as is
+    x = diffs / scale
     w = torch.zeros(x.shape[1], dtype=torch.double, requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=500, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [w], max_iter=500, tolerance_grad=1e-10, tolerance_change=1e-14, line_search_fn="strong_wolfe"
+    )
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
