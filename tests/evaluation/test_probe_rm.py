@@ -51,7 +51,9 @@ def test_the_fitted_model_loads_as_a_judge_and_learned_the_preference(tmp_path):
 
 def test_the_demo_eval_set_is_held_out_and_regenerable_prompts():
     rows = [json.loads(line) for line in DEFAULT_OUT.read_text().splitlines()]
-    assert len(rows) == ITEMS and all(set(r) == {"instruction", "output", "generator"} for r in rows)
+    assert len(rows) == ITEMS and all(
+        set(r) == {"instruction", "output", "generator"} for r in rows
+    )
     assert [r["instruction"] for r in rows] == held_out_prompts()
     training = {p["prompt"] for p in PAIRS}
     assert not training & {r["instruction"] for r in rows}

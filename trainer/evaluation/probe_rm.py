@@ -78,7 +78,11 @@ def fit_bradley_terry(diffs: torch.Tensor, l2: float = 1.0) -> torch.Tensor:
     x = diffs / scale
     w = torch.zeros(x.shape[1], dtype=torch.double, requires_grad=True)
     opt = torch.optim.LBFGS(
-        [w], max_iter=500, tolerance_grad=1e-10, tolerance_change=1e-14, line_search_fn="strong_wolfe"
+        [w],
+        max_iter=500,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
     )
 
     def closure() -> torch.Tensor:
