@@ -8,7 +8,7 @@ base model's answers as references; trainer/evaluation/demo_set.py) with a local
 fitted to the same preference pairs (trainer/evaluation/probe_rm.py), and prints one verdict
 line with its uncertainty (reports/verdict.py) and the comparison report's path.
 
-    python examples/demo.py [--steps 24] [--eval-items 32] [--keep]
+    python examples/demo.py [--steps 16] [--eval-items 32] [--keep]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--steps", type=int, default=24, help="optimizer steps per job")
+    ap.add_argument("--steps", type=int, default=16, help="optimizer steps per job")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--eval-items", type=int, default=32, help="items of the eval set to use")
     ap.add_argument(
@@ -81,7 +81,7 @@ def session(client, model: str, steps: int, eval_items: int, t0: float) -> int:
         adapter={"kind": "lora", "r": 8, "alpha": 16},
         batch_size=4,
         max_steps=steps,
-        checkpoint_every=max(1, steps // 3),
+        checkpoint_every=max(1, steps // 2),
         max_length=160,
         max_prompt_length=96,
         optim={"lr": 2e-4},
@@ -144,14 +144,20 @@ def evaluate(client, jobs: dict, eval_items: int):
         )
         for variant, job in jobs.items()
     }
-    judgements = {}
+    judgements, answers = {}, {}
     for variant, ev in evals.items():
         done = client.evaluations.wait(ev.id, timeout=1800, poll_interval=1.0)
         failure = f" ({(done.error or {}).get('message')})" if done.error else ""
         print(f"  {variant}: evaluation {ev.id} {done.status}{failure}")
         if done.status != "succeeded":
             return None
-        _, judgements[variant] = judgements_from_items(client.evaluations.report(ev.id).items)
+        items = client.evaluations.report(ev.id).items
+        _, judgements[variant] = judgements_from_items(items)
+        answers[variant] = {it["index"]: it.get("output") for it in items}
+    differ = sum(
+        answers["offline"][i] != answers["offline+humanline"].get(i) for i in answers["offline"]
+    )
+    print(f"  the two models' answers differ on {differ} of {len(answers['offline'])} instructions")
     page = client.reports.compare(
         jobs=[job.id for job in jobs.values()], format="html", metric="win_rate",
         file_id=eval_file.id, to=DEMO / "compare.html",

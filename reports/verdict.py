@@ -43,6 +43,8 @@ class Verdict:
     def conclusion(self) -> str:
         if self.difference.n < 2:
             return "too few items to tell"
+        if self.difference.value == 0 and self.difference.se == 0:
+            return "judged alike on every item: no difference at this size"
         if not self.significant:
             return "not significant at this size"
         better = self.a if self.difference.value > 0 else self.b

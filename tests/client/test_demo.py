@@ -69,7 +69,12 @@ class StubClient:
     def _items(job_id: str) -> list[dict]:
         rows = JUDGEMENTS[job_id]
         return [
-            {"index": i, "instruction": f"q{i}", "judgements": [{"score": s} for s in scores]}
+            {
+                "index": i,
+                "instruction": f"q{i}",
+                "output": f"{'b' if (job_id, i) == ('job-hl', 1) else 'a'}{i}",
+                "judgements": [{"score": s} for s in scores],
+            }
             for i, scores in reversed(list(enumerate(rows)))  # the order does not matter
         ]
 
@@ -86,6 +91,7 @@ def test_the_demo_evaluates_both_models_and_ends_with_the_verdict(tmp_path, caps
     assert demo.session(client, "tiny-llama", 3, 4, 0.0) == 0
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == VERDICT
+    assert "the two models' answers differ on 1 of 4 instructions" in out
     assert f"Comparison report (win rates, curves overlaid, cost, spec differences): " \
         f"{tmp_path / 'compare.html'}" in out  # fmt: skip
 

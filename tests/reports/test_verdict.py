@@ -43,7 +43,7 @@ def test_a_significant_difference_names_the_better_model():
 def test_degenerate_cases():
     same = paired_verdict(A, A)  # identical judgements: no difference, certainly
     assert (same.difference.value, same.difference.se, same.p_value) == (0.0, 0.0, 1.0)
-    assert same.conclusion() == "not significant at this size"
+    assert same.conclusion() == "judged alike on every item: no difference at this size"
     shifted = paired_verdict([[1, 1], [1, 1]], [[0, 0], [0, 0]])  # every item moved by 1
     assert shifted.p_value == 0.0 and shifted.significant
     one = paired_verdict([[1, 1]], [[0, 0]])
