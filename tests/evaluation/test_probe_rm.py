@@ -15,6 +15,8 @@ from trainer.evaluation.judges import Pair, RewardModelJudge
 from trainer.evaluation.probe_rm import fit_bradley_terry, fit_probe_reward_model
 from trainer.synthetic import preference_records
 
+from .test_worker_evaluate import world  # noqa: F401 - the worker on a real DB and store
+
 REPO = Path(__file__).resolve().parents[2]
 PAIRS = [
     json.loads(line)
@@ -59,3 +61,25 @@ def test_the_demo_eval_set_is_held_out_and_regenerable_prompts():
     assert not training & {r["instruction"] for r in rows}
     assert sum(r["instruction"].startswith("What is") for r in rows) == ITEMS // 2
     assert MAX_NEW_TOKENS <= 64  # the demo's time budget (README: ≤ 6 minutes on 2 cores)
+
+
+def test_the_worker_judges_with_it_by_the_operators_name(world, tmp_path):  # noqa: F811
+    """EVAL_REWARD_MODELS → the worker's evaluation subprocess → RewardModelJudge on the
+    fitted directory: what make demo does; each item's verdict is the scores' comparison."""
+    rm = fit_probe_reward_model("tiny-llama", PAIRS, tmp_path / "rm")
+    world.settings = world.settings.model_copy(update={"EVAL_REWARD_MODELS": f"demo-rm={rm}"})
+    eid = world.evaluation(
+        "instruction",
+        data=DEFAULT_OUT.read_bytes(),
+        judge={"type": "reward_model", "model": "demo-rm"},
+    )
+    assert world.run(eid) == "succeeded", world.row(eid).error
+    doc = json.loads(world.store.get_bytes(world.row(eid).result["report"]["json"]))
+    assert doc["judge"]["name"] == "reward_model:rm" and len(doc["items"]) == 2
+    judge = RewardModelJudge(rm)
+    for item in doc["items"]:
+        model, ref = judge.score(
+            [(item["instruction"], item["output"]), (item["instruction"], item["reference"])]
+        )
+        expected = 0.5 if abs(model - ref) <= 1e-6 else float(model > ref)
+        assert [j["score"] for j in item["judgements"]] == [expected, expected]
