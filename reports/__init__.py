@@ -6,6 +6,8 @@
     render_evaluation_html                      one evaluation, with per-item records
     build_comparison / render_comparison_html   across jobs: the paper's Figure 1
     load_run_dir                                a job report from a trainer run directory
+    reports.verdict.paired_verdict              two models on the same items → one line
+                                                (win rates, paired difference ± SE, p)
 
 Torch-free (stdlib, numpy, matplotlib): the API renders job and comparison pages on request,
 from the DB, so they are current while a job runs and as evaluations land.

@@ -84,3 +84,30 @@ def write_jsonl(path: str | Path, records: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+# Held-out instruction prompts for the demo's evaluation (examples/data/instruction_eval_demo.jsonl,
+# written by trainer.evaluation.demo_set): the families above, never a prompt of the bundled
+# preference files (new topics; arithmetic pairs drawn until unseen).
+_EVAL_TOPICS = ["the desert", "trains", "music", "a garden", "the rain", "bread", "mountains",
+                "owls"]  # fmt: skip
+
+
+def eval_prompts(n: int, seed: int = 11, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """n distinct prompts, alternating arithmetic and instructions, none in `exclude`."""
+    rng = random.Random(seed)
+    pool = [form.format(t=t) for t in _EVAL_TOPICS for form in _FORMS]
+    rng.shuffle(pool)
+    out: list[str] = []
+    seen = set(exclude)
+    while len(out) < n:
+        if len(out) % 2 == 0:
+            prompt = _arith(rng)["prompt"]
+        elif pool:
+            prompt = pool.pop()
+        else:
+            raise ValueError(f"only {len(out)} distinct prompts; ask for fewer")
+        if prompt not in seen:
+            seen.add(prompt)
+            out.append(prompt)
+    return out
