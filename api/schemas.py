@@ -108,7 +108,7 @@ class FileOut(RowOut):
         return {
             "warnings": row.warnings or [],
             "created_at": unix_seconds(row.created_at),
-            "error": None,  # a stored file was valid (its row's `error` column holds fields)
+            "error": None,  # a stored file was valid
         }
 
 

@@ -93,11 +93,10 @@ class File(Base):
     records: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="uploaded")
     warnings: Mapped[list[str] | None]  # e.g. columns the format does not read
+    error: Mapped[dict[str, Any] | None]
     # Prompt files: which lines hold which fields (contract.items.FieldProfile), so a job
-    # whose grader reads a field some line lacks is refused at creation. Kept in the column
-    # named `error`, which files never used (uploads are validated before their row
-    # exists): a new column would need a migration for no other gain.
-    item_fields: Mapped[dict[str, Any] | None] = mapped_column("error", JSONType, nullable=True)
+    # whose grader reads a field some line lacks is refused at creation (migration 0008).
+    item_fields: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     object_key: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
