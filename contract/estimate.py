@@ -131,8 +131,10 @@ def estimate_job(
         training_records=records,
     )
     row = row_tokens(spec, file_format, file_bytes, records)
-    rows_per_step = spec.global_batch_size if spec.objective.name == "grpo" else (
-        spec.examples_per_batch * (2 if spec.objective.name == "dpo" else 1)
+    rows_per_step = (
+        spec.global_batch_size
+        if spec.objective.name == "grpo"
+        else (spec.examples_per_batch * (2 if spec.objective.name == "dpo" else 1))
     )
     tokens_per_step = rows_per_step * row
     tokens = tokens_per_step * steps

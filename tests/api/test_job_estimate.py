@@ -117,7 +117,8 @@ def test_a_gpu_queue_prices_gpus_and_its_memory(gpu_settings, store, queue, db_s
     assert est["gpu_hours"] == pytest.approx(est["wall_clock_seconds"] * 2 / 3600, rel=1e-3)
     # a batch that does not split over the queue's processes: 422, not a 500
     odd = client.post(
-        "/v1/jobs/estimate", headers=team_a.headers,
+        "/v1/jobs/estimate",
+        headers=team_a.headers,
         json=job_body(file_id, batch_size=3, max_steps=1),
     )
     assert odd.status_code == 422 and odd.json()["error"]["field"] == "batch_size"

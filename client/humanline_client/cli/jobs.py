@@ -222,8 +222,10 @@ def _show_estimate(est: JobEstimate) -> None:
         ["training tokens", f"{est.tokens:,} ({est.tokens_per_step:,} a step)"],
         [
             "wall-clock",
-            (f"{_duration(est.wall_clock_seconds)} (training "
-            f"{_duration(est.train_seconds)}, start {_duration(est.startup_seconds)})"),
+            (
+                f"{_duration(est.wall_clock_seconds)} (training "
+                f"{_duration(est.train_seconds)}, start {_duration(est.startup_seconds)})"
+            ),
         ],
         ["GPU-hours", f"{est.gpu_hours:.3f}"],
     ]
@@ -231,8 +233,10 @@ def _show_estimate(est: JobEstimate) -> None:
         rows.append(
             [
                 "sampling",
-                (f"{est.sampled_tokens:,} tokens, "
-                f"{_duration(est.sampling_seconds)} ({est.sampling_share:.0%} of the time)"),
+                (
+                    f"{est.sampled_tokens:,} tokens, "
+                    f"{_duration(est.sampling_seconds)} ({est.sampling_share:.0%} of the time)"
+                ),
             ]
         )
     _out().print(_table(["FIELD", "VALUE"], rows))
