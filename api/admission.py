@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.caps import check_caps, check_max_runtime, check_memory, check_total_steps
 from api.errors import api_error
-from api.estimates import ESTIMATE_EVENT, estimate_for
+from api.estimates import estimate_for
 from api.owned import owned
 from contract.estimate import JobEstimate
 from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest, judge_url
@@ -84,8 +84,9 @@ def check_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
 def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings) -> Job:
     """Check a spec against the operator's settings and the team's files and quota
     (`check_job`, then the quota), and add its job row (`queued`, not yet committed) with its
-    warnings and its cost estimate as events. Both job routes (ours and the OpenAI-shaped
-    one) admit jobs here; each commits and enqueues after writing its own response body."""
+    warnings as events and its cost estimate in its `created` event. Both job routes (ours
+    and the OpenAI-shaped one) admit jobs here; each commits and enqueues after writing its
+    own response body."""
     checked = check_job(spec, team_id, session, settings)
     estimate = checked.estimate(settings)  # before any row: a failure here writes nothing
     job = job_states.create_job(
@@ -95,18 +96,10 @@ def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
         metadata=spec.metadata,
         training_file_id=checked.training_file.id,
         total_steps=checked.steps,
+        estimate=None if estimate is None else estimate.model_dump(mode="json"),
     )
     for message, field in checked.warnings:
         job_states.add_event(session, job.id, "warning", message, {"field": field})
-    if estimate is not None:
-        job_states.add_event(
-            session,
-            job.id,
-            ESTIMATE_EVENT,
-            f"estimated {estimate.steps} steps, {estimate.tokens} tokens, "
-            f"{estimate.wall_clock_seconds:.0f} s on {estimate.device}",
-            estimate.model_dump(mode="json"),
-        )
     # The quota check comes last: near the limit it locks the team's row until the caller's
     # commit, so concurrent creates of one team wait for two statements, not the route.
     limit = settings.MAX_JOBS_PER_TEAM

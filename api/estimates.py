@@ -19,7 +19,7 @@ from contract.spec import JobSpec
 from models import job_events
 from models.settings import Settings
 
-ESTIMATE_EVENT = "estimate"
+CREATED_EVENT = "created"  # its data holds the spec and the estimate (models.jobs.create_job)
 
 
 def memory_per_process(settings: Settings) -> int:
@@ -54,5 +54,7 @@ def estimate_for(
 
 
 def stored_estimate(session: Session, job_id: str) -> dict[str, Any] | None:
-    """The estimate kept with a job at create time (its `estimate` event), None if none."""
-    return job_events.event_data(session, job_id, ESTIMATE_EVENT)
+    """The estimate kept with a job at create time (in its `created` event), None if none."""
+    data = job_events.event_data(session, job_id, CREATED_EVENT)
+    estimate = (data or {}).get("estimate")
+    return estimate if isinstance(estimate, dict) else None

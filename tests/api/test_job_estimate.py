@@ -85,7 +85,7 @@ def test_a_job_keeps_its_estimate(client, team_a, train_file):
     for key in ("steps", "tokens", "micro_batch", "grad_accum", "wall_clock_seconds"):
         assert got["estimate"][key] == estimated[key]
     events = client.get(f"/v1/jobs/{job['id']}/events", headers=team_a.headers).json()["data"]
-    assert [e["kind"] for e in events].count("estimate") == 1
+    assert events[0]["kind"] == "created" and events[0]["data"]["estimate"] == job["estimate"]
     listed = client.get("/v1/jobs", headers=team_a.headers).json()["data"]
     assert listed[0]["estimate"] is None  # lists do not read events
 
@@ -122,3 +122,15 @@ def test_a_gpu_queue_prices_gpus_and_its_memory(gpu_settings, store, queue, db_s
         json=job_body(file_id, batch_size=3, max_steps=1),
     )
     assert odd.status_code == 422 and odd.json()["error"]["field"] == "batch_size"
+
+
+def test_the_jobs_report_shows_its_estimate(client, team_a, train_file):
+    job = create_job(client, team_a, train_file)
+    report = client.get(f"/v1/jobs/{job['id']}/report", headers=team_a.headers).json()
+    rows = {r["figure"]: r for r in report["estimate"]["rows"]}
+    assert rows["optimizer steps"]["predicted"] == 1
+    assert rows["training tokens"]["predicted"] == 8 * ROW
+    html = client.get(
+        f"/v1/jobs/{job['id']}/report", headers=team_a.headers, params={"format": "html"}
+    ).text
+    assert "Estimate vs actual" in html

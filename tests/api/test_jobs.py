@@ -42,7 +42,7 @@ def test_create_commits_a_queued_job_then_enqueues_it(client, team_a, train_file
     assert queue.job_ids == [job["id"]]
     assert queue.seen_status[job["id"]] == "queued"  # the row was committed before enqueue
     events = client.get(f"/v1/jobs/{job['id']}/events", headers=team_a.headers).json()
-    assert [e["kind"] for e in events["data"]] == ["created", "status", "estimate"]
+    assert [e["kind"] for e in events["data"]] == ["created", "status"]
     assert events["data"][1]["data"] == {"from": "validating", "to": "queued"}
     assert client.get(f"/v1/jobs/{job['id']}", headers=team_a.headers).json() == job
 
