@@ -75,7 +75,7 @@ def check_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
     unestimated = check_memory(
         resolved, settings, training_file.bytes or 0, training_file.records or 0
     )
-    warnings = ((warning, "batch_size"),) if warning else ()
+    warnings: tuple[tuple[str, str], ...] = ((warning, "batch_size"),) if warning else ()
     if unestimated:
         warnings += ((unestimated, "base_model"),)
     return CheckedJob(resolved, steps, training_file, warnings)

@@ -13,9 +13,11 @@ file's size and the device class the job would run on, `estimate_job` predicts:
 * memory per process and the GPUs (processes) the job needs;
 * wall-clock and GPU-hours: FLOPs per token (6N full fine-tuning, 4N LoRA, + 2N for the
   reference / lookahead forward, + 2N when layers are recomputed, + attention 12·L·h·T) over
-  the device's peak × the MFU the GPU proof measured (contract/throughput.json), plus a fixed
-  cost per step and per process start; online jobs add sampling (2N per generated token at the
-  table's sampling MFU), and `sampling_share` is its part of the wall-clock.
+  the device's peak × the utilisation the GPU proof measured (contract/throughput.json: `hfu`,
+  from its MFU), a step at least the device's fixed cost per step, plus the process start;
+  online jobs add sampling (2N per generated token, every sample max_new_tokens long: an
+  upper bound, at the table's `sampling_mfu`), and `sampling_share` is its part of the
+  wall-clock.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def row_tokens(spec: JobSpec, fmt: str | None, file_bytes: int, records: int) ->
 def _flops_per_token(spec: JobSpec, shape: ModelShape, checkpointing: bool, row: int) -> float:
     n = shape.params
     lora = spec.adapter.kind == "lora"
-    attention = 12 * shape.num_layers * shape.hidden_size * row  # fwd + bwd, per token
+    attention = 12.0 * shape.num_layers * shape.hidden_size * row  # fwd + bwd, per token
     flops = (4 if lora else 6) * n + attention
     flops += 2 * n + attention / 3  # the reference / lookahead forward
     if checkpointing:
@@ -131,22 +133,21 @@ def estimate_job(
         training_records=records,
     )
     row = row_tokens(spec, file_format, file_bytes, records)
-    rows_per_step = (
-        spec.global_batch_size
-        if spec.objective.name == "grpo"
-        else (spec.examples_per_batch * (2 if spec.objective.name == "dpo" else 1))
-    )
+    # rows scored a step: DPO 2 a pair, KTO 1 an example plus its mismatched KL row, GRPO G
+    rows_per_example = {"dpo": 2, "kto": 2, "grpo": spec.group_size}[spec.objective.name]
+    rows_per_step = spec.examples_per_batch * rows_per_example
     tokens_per_step = rows_per_step * row
     tokens = tokens_per_step * steps
     per_token = _flops_per_token(spec, shape, choice.activation_checkpointing, row)
-    if spec.objective.name == "kto":  # the mismatched pairs' KL rows: a forward, no graph
-        per_token += 2 * shape.params
+    if spec.objective.name == "kto":  # half the rows are KL rows: two forwards, no backward
+        per_token -= ((4 if spec.adapter.kind == "lora" else 6) - 2) * shape.params / 2
     peak = figures["peak_flops"] * processes
     if spec.precision == "fp32":
         peak *= figures["fp32_peak_ratio"]
     train_flops = per_token * tokens
-    train_seconds = train_flops / (peak * figures["mfu"])
-    train_seconds += steps * figures["step_overhead_seconds"]
+    # a step is compute-bound, or bound by its fixed cost (kernel launches, Python): the larger
+    step_seconds = per_token * tokens_per_step / (peak * figures["hfu"])
+    train_seconds = steps * max(step_seconds, figures["step_overhead_seconds"])
     sampled = 0
     sampling_seconds = 0.0
     if spec.online is not None:

@@ -17,8 +17,9 @@ RUN_PHASES = ("setup", "training", "finalize")
 
 
 def _event_data(events: list[dict[str, Any]], kind: str, last: bool = False) -> dict[str, Any]:
-    found = [e.get("data") for e in events if e.get("kind") == kind]
-    found = [d for d in found if isinstance(d, dict)]
+    found: list[dict[str, Any]] = [
+        d for e in events if e.get("kind") == kind and isinstance(d := e.get("data"), dict)
+    ]
     return (found[-1] if last else found[0]) if found else {}
 
 

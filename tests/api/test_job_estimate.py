@@ -11,10 +11,10 @@ from models.tables import Job, JobEvent
 from tests.api.conftest import PREFERENCE, create_job, job_body
 
 # PREFERENCE: 4 records, 220 bytes (55 a record). tiny-llama's row, by hand
-# (contract/throughput.json: 1.0 byte per token, 30 template tokens a row; a preference row
-# holds the prompt and one of two completions, 2/3 of a record): 30 + 55 × 2/3 = 66.7 → 67.
+# (contract/throughput.json: 1.85 bytes per token, 2 template tokens a row; a preference row
+# holds the prompt and one of two completions, 2/3 of a record): 2 + 55 × 2/3 ÷ 1.85 = 21.8 → 22.
 assert len(PREFERENCE) == 220
-ROW = 67
+ROW = 22
 
 
 def _rows(db_sessions) -> tuple[int, int]:

@@ -15,10 +15,10 @@ from humanline_client.resources.jobs import _Jobs
 from .conftest import PREFERENCE
 
 # PREFERENCE: 8 pairs, 539 bytes (67.4 a record). A tiny-llama row, by hand (contract/
-# throughput.json: 1 byte a token, 30 template tokens a row, a preference row 2/3 of its
-# record): 30 + 67.375 × 2/3 = 74.9 → 75 tokens; batch 8 pairs = 16 rows a step.
+# throughput.json: 1.85 bytes a token, 2 template tokens a row, a preference row 2/3 of its
+# record): 2 + 67.375 × 2/3 ÷ 1.85 = 26.3 → 26 tokens; batch 8 pairs = 16 rows a step.
 assert len(PREFERENCE) == 539
-ROW = 75
+ROW = 26
 
 
 def test_estimate_then_create_keeps_it(client, train_file):
