@@ -175,10 +175,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="3 jobs of 6 steps (< 60 s).")
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="Steps a job (6 quick, 16 full).")
+    ap.add_argument("--jobs", default=None, help=f"Comma-separated, of: {', '.join(JOBS)}.")
     ap.add_argument("--calibrate", action="store_true", help="Print the CPU figures implied.")
     args = ap.parse_args()
-    names = QUICK_JOBS if args.quick else tuple(JOBS)
+    names = args.jobs.split(",") if args.jobs else QUICK_JOBS if args.quick else tuple(JOBS)
+    unknown = [n for n in names if n not in JOBS]
+    if unknown:
+        ap.error(f"unknown jobs {unknown}; known: {', '.join(JOBS)}")
     steps = args.steps or (6 if args.quick else 16)
     t0 = time.perf_counter()
     jobs = []
