@@ -82,11 +82,19 @@ def check_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
 
 
 def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings) -> Job:
+    """`admit`'s job row (the OpenAI-shaped route's door)."""
+    return admit(spec, team_id, session, settings)[0]
+
+
+def admit(
+    spec: JobSpec, team_id: str, session: Session, settings: Settings
+) -> tuple[Job, JobEstimate | None]:
     """Check a spec against the operator's settings and the team's files and quota
     (`check_job`, then the quota), and add its job row (`queued`, not yet committed) with its
     warnings as events and its cost estimate in its `created` event. Both job routes (ours
     and the OpenAI-shaped one) admit jobs here; each commits and enqueues after writing its
-    own response body."""
+    own response body. Returns the row and its estimate (None: the base model's shape is not
+    readable here)."""
     checked = check_job(spec, team_id, session, settings)
     estimate = checked.estimate(settings)  # before any row: a failure here writes nothing
     job = job_states.create_job(
@@ -110,7 +118,7 @@ def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
             f"at most {limit} active jobs per team; wait for one to finish or cancel one",
             headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
         )
-    return job
+    return job, estimate
 
 
 def _fit_batch(

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.admission import admit_job, check_job, check_meta_key
+from api.admission import admit, check_job, check_meta_key
 from api.deps import (
     CurrentTeam,
     Idempotency,
@@ -84,9 +84,9 @@ def create_job(
     The job is committed as `queued`, then handed to the workers."""
     if (replayed := idem.replay(spec)) is not None:
         return replayed
-    job = admit_job(spec, team.id, session, settings)
+    job, estimate = admit(spec, team.id, session, settings)
     out = JobOut.of(job)
-    out.estimate = _estimate_of(session, job.id)
+    out.estimate = estimate
     body = out.model_dump(mode="json")
     # Rendered before the commit: nothing may fail once the job is committed and enqueued.
     content = orjson.dumps(body)

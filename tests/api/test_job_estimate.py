@@ -53,6 +53,11 @@ def test_estimate_by_hand_and_nothing_written(client, team_a, train_file, db_ses
     assert _rows(db_sessions) == before  # no job, no event
 
 
+def test_another_teams_file_is_not_found(client, team_b, train_file):
+    r = client.post("/v1/jobs/estimate", headers=team_b.headers, json=job_body(train_file))
+    assert r.status_code == 404 and r.json()["error"]["field"] == "training_file"
+
+
 def test_same_4xx_as_create(client, team_a, train_file, db_sessions):
     bad = [
         ({"base_model": "gpt-9"}, 422, "base_model"),
