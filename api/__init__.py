@@ -8,6 +8,7 @@ Its modules:
     owned, paging   "owned by this team or 404" and cursor pages, once each
     admission       what a job or an evaluation must pass before its row is written
     caps            operator caps on a spec's resource fields (CAP_* settings)
+    estimates       a job's cost estimate on this deployment's job queue (JOB_DEVICE_KIND)
     uploads         one-pass upload: multipart parse, line-by-line validation, hash, store
     bodypump        an upload's body read in the event loop, with an idle timeout
     limits          uploads and event streams in progress, per team and in all (429/503)

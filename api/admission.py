@@ -10,6 +10,7 @@ Every refusal is an api_error naming the field; nothing is committed here.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, bindparam, select
@@ -17,7 +18,9 @@ from sqlalchemy.orm import Session
 
 from api.caps import check_caps, check_max_runtime, check_memory, check_total_steps
 from api.errors import api_error
+from api.estimates import estimate_for
 from api.owned import owned
+from contract.estimate import JobEstimate
 from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest, judge_url
 from contract.items import FieldProfile
 from contract.spec import JobSpec
@@ -29,10 +32,25 @@ _META_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_META_VALUE = 512
 
 
-def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings) -> Job:
-    """Check a spec against the operator's settings and the team's files and quota, and add
-    its job row (`queued`, not yet committed). Both job routes (ours and the OpenAI-shaped
-    one) admit jobs here; each commits and enqueues after writing its own response body."""
+@dataclass(frozen=True)
+class CheckedJob:
+    """A spec that passed every check of `check_job`: the spec to store (resolved, batch fitted
+    to the data), its steps, the training file's checked columns, and the warnings to record
+    as (message, field)."""
+
+    spec: JobSpec
+    steps: int
+    training_file: Row
+    warnings: tuple[tuple[str, str], ...]
+
+    def estimate(self, settings: Settings) -> JobEstimate | None:
+        f = self.training_file
+        return estimate_for(self.spec, settings, f.format, f.bytes or 0, f.records or 0)
+
+
+def check_job(spec: JobSpec, team_id: str, session: Session, settings: Settings) -> CheckedJob:
+    """Every check a job's spec must pass (all but the team's quota), writing nothing: the one
+    validation of POST /v1/jobs, /v1/fine_tuning/jobs and POST /v1/jobs/estimate."""
     check_base_model(spec.base_model, settings)
     check_caps(spec, settings)
     max_runtime = check_max_runtime(spec, settings)
@@ -59,18 +77,39 @@ def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
     unestimated = check_memory(
         resolved, settings, training_file.bytes or 0, training_file.records or 0
     )
+    warnings: tuple[tuple[str, str], ...] = ((warning, "batch_size"),) if warning else ()
+    if unestimated:
+        warnings += ((unestimated, "base_model"),)
+    return CheckedJob(resolved, steps, training_file, warnings)
+
+
+def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings) -> Job:
+    """`admit`'s job row (the OpenAI-shaped route's door)."""
+    return admit(spec, team_id, session, settings)[0]
+
+
+def admit(
+    spec: JobSpec, team_id: str, session: Session, settings: Settings
+) -> tuple[Job, JobEstimate | None]:
+    """Check a spec against the operator's settings and the team's files and quota
+    (`check_job`, then the quota), and add its job row (`queued`, not yet committed) with its
+    warnings as events and its cost estimate in its `created` event. Both job routes (ours
+    and the OpenAI-shaped one) admit jobs here; each commits and enqueues after writing its
+    own response body. Returns the row and its estimate (None: the base model's shape is not
+    readable here)."""
+    checked = check_job(spec, team_id, session, settings)
+    estimate = checked.estimate(settings)  # before any row: a failure here writes nothing
     job = job_states.create_job(
         session,
         team_id=team_id,
-        spec=resolved.model_dump(mode="json"),
+        spec=checked.spec.model_dump(mode="json"),
         metadata=spec.metadata,
-        training_file_id=training_file.id,
-        total_steps=steps,
+        training_file_id=checked.training_file.id,
+        total_steps=checked.steps,
+        estimate=None if estimate is None else estimate.model_dump(mode="json"),
     )
-    if warning:
-        job_states.add_event(session, job.id, "warning", warning, {"field": "batch_size"})
-    if unestimated:
-        job_states.add_event(session, job.id, "warning", unestimated, {"field": "base_model"})
+    for message, field in checked.warnings:
+        job_states.add_event(session, job.id, "warning", message, {"field": field})
     # The quota check comes last: near the limit it locks the team's row until the caller's
     # commit, so concurrent creates of one team wait for two statements, not the route.
     limit = settings.MAX_JOBS_PER_TEAM
@@ -81,7 +120,7 @@ def admit_job(spec: JobSpec, team_id: str, session: Session, settings: Settings)
             f"at most {limit} active jobs per team; wait for one to finish or cancel one",
             headers={"x-should-retry": "false"},  # a quota, not load: retrying cannot help
         )
-    return job
+    return job, estimate
 
 
 def _fit_batch(

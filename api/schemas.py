@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contract.estimate import JobEstimate
 from contract.spec import variant_of
 from models.tables import FilePurpose, FileStatus, JobStatus  # noqa: F401  (JobStatus: re-exported)
 
@@ -191,6 +192,11 @@ class JobOut(RowOut):
         "and halves it); null before the trainer starts. Shown by GET /v1/jobs/{job_id} only: "
         "null in lists and other responses (it is read off the job's events).",
     )
+    estimate: JobEstimate | None = Field(
+        None,
+        description="The cost predicted when the job was created (POST /v1/jobs/estimate's "
+        "figures). Shown by GET /v1/jobs/{job_id} and the create response; null in lists.",
+    )
 
     @classmethod
     def derived(cls, row: Any) -> dict[str, Any]:
@@ -201,6 +207,7 @@ class JobOut(RowOut):
             "metadata": row.meta or {},
             "spec": spec,
             "training": None,  # GET /v1/jobs/{job_id} reads it (models.job_events)
+            "estimate": None,  # the same
         }
 
     @classmethod
@@ -208,6 +215,15 @@ class JobOut(RowOut):
         # built from a row the service wrote (no validation): a page of 20 jobs with their
         # specs is the hottest read of the API
         return cls.model_construct(**cls.fields_of(row))
+
+
+class EstimateOut(JobEstimate):
+    """POST /v1/jobs/estimate: the spec as the job would store it (every default resolved,
+    the batch fitted to the data) and what it would cost (contract.estimate.JobEstimate)."""
+
+    object: Literal["job.estimate"] = "job.estimate"
+    spec: dict[str, Any]
+    warnings: list[str] = Field(default_factory=list, description="What create would warn.")
 
 
 class EventOut(RowOut):

@@ -21,6 +21,8 @@ Torch-free (the API imports it); each decision below is made here, once.
     memory      a job's peak training memory per process, estimated from the spec (caps),
                 calibrated (memory_calibration.json), and the micro-batch that fits
     shapes      the model sizes memory depends on, and the built-in models' shapes
+    estimate    a job's cost before launch: steps, tokens, memory, GPUs, wall-clock, GPU-hours
+                (throughput.json: the throughput table the GPU proof calibrates)
 """
 
 from contract.spec import (

@@ -102,3 +102,15 @@ def training_choice(session: Session, job_id: str) -> dict[str, Any] | None:
     for _, data in rows[1:]:
         choice.update({k: data[k] for k in _CHANGED_BY_OUT_OF_MEMORY if k in (data or {})})
     return choice
+
+
+def event_data(session: Session, job_id: str, kind: str) -> dict[str, Any] | None:
+    """The data of the job's first event of `kind` (e.g. the `estimate` kept at create time),
+    None when it has none. One query on the (job_id, seq) index."""
+    data = session.execute(
+        select(JobEvent.data)
+        .where(JobEvent.job_id == job_id, JobEvent.kind == kind)
+        .order_by(JobEvent.seq)
+        .limit(1)
+    ).scalar_one_or_none()
+    return data if isinstance(data, dict) else None

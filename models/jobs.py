@@ -164,10 +164,11 @@ def create_job(
     metadata: dict[str, Any] | None = None,
     training_file_id: str | None = None,
     total_steps: int | None = None,
+    estimate: dict[str, Any] | None = None,
 ) -> Job:
-    """Insert a job that has passed validation: `queued`, with its `created` event (seq 1)
-    and the `status` event of its validating → queued transition (seq 2). Returns the row,
-    persistent in `session`.
+    """Insert a job that has passed validation: `queued`, with its `created` event (seq 1;
+    its data: the spec, and the cost `estimate` when given) and the `status` event of its
+    validating → queued transition (seq 2). Returns the row, persistent in `session`.
 
     The caller has validated the spec; commit, then enqueue the job id. The row is written
     directly in its committed state (nothing outside this transaction can see a new job, so
@@ -209,7 +210,7 @@ def create_job(
                 "seq": 1,
                 "kind": "created",
                 "message": "job created",
-                "data": {"spec": spec},
+                "data": {"spec": spec} | ({"estimate": estimate} if estimate else {}),
             },
             {
                 **event,

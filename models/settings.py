@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -128,6 +128,16 @@ class Settings(BaseSettings):
         "preset's DPO on SmolLM2 at max_length 1024 estimates ~75 GiB as one micro-batch of "
         "32 pairs, ~3.8 GiB at one pair, checkpointed); a set grad_accum is priced as given. "
         "The default refuses only what no worker could run; set it to the workers' memory.",
+    )
+    # The cost estimate (contract.estimate, POST /v1/jobs/estimate): what the job queue runs on.
+    JOB_DEVICE_KIND: Literal["cpu", "h100", "h200"] = Field(
+        "cpu",
+        description="The device class of the workers CELERY_QUEUE feeds, a row of "
+        "contract/throughput.json: its memory (at most CAP_TRAIN_MEMORY_GIB) and throughput "
+        "price a job's estimate.",
+    )
+    JOB_PROCESSES: int = Field(
+        1, ge=1, le=64, description="Training processes (GPUs on a GPU queue) a job runs on."
     )
 
     # --- evaluations (DESIGN.md §9) -------------------------------------------------------------

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reports import plots
+from reports.estimate import estimate_section, estimate_vs_actual
 from reports.html import card, esc, fmt, page, pct, pre_json, table
 from reports.panels import flat_zero_warnings, humanline_of, objective_of, panels_for
 from reports.rounds import round_rows, round_warnings, rounds_section
@@ -170,6 +171,7 @@ def build_job_report(
             "series": series,
         },
         "objective": objective,
+        "estimate": estimate_vs_actual(events, job, timing, metrics),
         "humanline": humanline_of(spec, job),
         "rounds": rounds,
         "data_quality": data_quality,
@@ -363,6 +365,7 @@ def render_job_html(report: dict[str, Any]) -> str:
         + rounds_section(report.get("rounds") or [], report.get("objective"))
         + _quality_section(report.get("data_quality"))
         + _evaluations_section(report["evaluations"])
+        + estimate_section(report.get("estimate"))
         + _manifest_section(report)
     )
     subtitle = esc(

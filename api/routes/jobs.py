@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.admission import admit_job, check_meta_key
+from api.admission import admit, check_job, check_meta_key
 from api.deps import (
     CurrentTeam,
     Idempotency,
@@ -29,12 +29,14 @@ from api.deps import (
 )
 from api.downloads import serve_file
 from api.errors import api_error
+from api.estimates import stored_estimate
 from api.limits import SlotStreamingResponse, StreamSlot, stream_poll_limiter
 from api.owned import OwnedJob, get_owned_job  # noqa: F401 (get_owned_job: re-exported)
 from api.paging import DEFAULT_LIMIT, Cursor, Limit, page_of, where_given
 from api.queues import QueueDep, enqueue_after_commit
 from api.schemas import (
     CheckpointOut,
+    EstimateOut,
     EventOut,
     JobOut,
     JobStatus,
@@ -44,6 +46,7 @@ from api.schemas import (
     TrainingOut,
     error_responses,
 )
+from contract.estimate import JobEstimate
 from contract.spec import INT4_MAX, JobSpec
 from models import jobs as job_states
 from models.tables import TERMINAL_STATUSES, Job
@@ -81,14 +84,50 @@ def create_job(
     The job is committed as `queued`, then handed to the workers."""
     if (replayed := idem.replay(spec)) is not None:
         return replayed
-    job = admit_job(spec, team.id, session, settings)
-    body = JobOut.of(job).model_dump(mode="json")
+    job, estimate = admit(spec, team.id, session, settings)
+    out = JobOut.of(job)
+    out.estimate = estimate
+    body = out.model_dump(mode="json")
     # Rendered before the commit: nothing may fail once the job is committed and enqueued.
     content = orjson.dumps(body)
     if (winner := idem.commit(201, body)) is not None:
         return winner
     enqueue_after_commit(queue, job.id)  # after the commit: the worker must find the row
     return Response(content, status_code=201, media_type="application/json")
+
+
+@router.post("/estimate", response_model=EstimateOut, responses=_ERRORS)
+def estimate_job(spec: JobSpec, team: CurrentTeam, session: SessionDep, settings: SettingsDep):
+    """What a job would cost, before it is created: the same body and the same checks (and
+    4xx) as POST /v1/jobs, but nothing is written. Returns the resolved spec, the micro-batch,
+    steps, training tokens (approximated from the file's size: `tokens_method`), memory per
+    process, GPUs, and the predicted wall-clock and GPU-hours on this deployment's job queue
+    (JOB_DEVICE_KIND; docs/estimates.md)."""
+    try:
+        checked = check_job(spec, team.id, session, settings)
+        estimate = checked.estimate(settings)
+    finally:
+        session.rollback()  # nothing of an estimate is ever committed
+    if estimate is None:
+        raise api_error(
+            422,
+            f"base_model {spec.base_model!r} cannot be estimated: its config.json is not "
+            "readable by the API",
+            field="base_model",
+        )
+    return EstimateOut(
+        **estimate.model_dump(),
+        spec=checked.spec.model_dump(mode="json"),
+        warnings=[message for message, _ in checked.warnings],
+    )
+
+
+def _estimate_of(session: Session, job_id: str) -> JobEstimate | None:
+    data = stored_estimate(session, job_id)
+    try:
+        return None if data is None else JobEstimate.model_validate(data)
+    except ValueError:  # kept by another version of the estimate: not shown rather than a 500
+        return None
 
 
 # --- read --------------------------------------------------------------------------------------
@@ -130,6 +169,7 @@ def get_job(job: OwnedJob, session: SessionDep):
     training = job_states.training_choice(session, job.id)
     out = JobOut.of(job)
     out.training = None if training is None else TrainingOut(**training)
+    out.estimate = _estimate_of(session, job.id)
     return out
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "GenerationParams",
     "HumanlineParams",
     "Job",
+    "JobEstimate",
     "JobEvent",
     "JobReport",
     "JobStatus",
@@ -178,6 +179,40 @@ class JobTraining(BaseModel):
     attempt: Optional[int] = None
 
 
+class JobEstimate(BaseModel):
+    """What a job will cost, predicted before it runs (`jobs.estimate`, and `Job.estimate`:
+    kept with the job when it was created). Tokens are approximated from the training file's
+    bytes (`tokens_method` says how); wall-clock and GPU-hours come from the server's
+    throughput table for its job queue's `device` (docs/estimates.md)."""
+
+    object: str = "job.estimate"
+    device: str = ""
+    processes: int = 1
+    gpus: int = 0
+    memory_available_gib: float = 0.0
+    micro_batch: int = 0
+    grad_accum: int = 0
+    activation_checkpointing: bool = False
+    memory_gib_per_process: float = 0.0
+    memory_fits: bool = True
+    steps: int = 0
+    examples: int = 0
+    tokens: int = 0
+    tokens_per_step: int = 0
+    tokens_method: str = ""
+    sampled_tokens: int = 0
+    train_flops: float = 0.0
+    train_seconds: float = 0.0
+    sampling_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    wall_clock_seconds: float = 0.0
+    gpu_hours: float = 0.0
+    sampling_share: float = 0.0
+    throughput_source: str = ""
+    spec: dict[str, Any] = {}  # `jobs.estimate` only: the spec as the job would store it
+    warnings: list[str] = []  # `jobs.estimate` only: what create would warn
+
+
 class Job(BaseModel):
     """A training job. `status` moves validating → queued → running → succeeded | failed |
     cancelled (with `cancelling` in between when a running job is cancelled)."""
@@ -201,6 +236,7 @@ class Job(BaseModel):
     finished_at: Optional[datetime] = None
     spec: dict[str, Any] = {}
     training: Optional[JobTraining] = None  # set by `jobs.retrieve` once the trainer started
+    estimate: Optional[JobEstimate] = None  # set by `jobs.retrieve` and `jobs.create`
 
     @property
     def is_terminal(self) -> bool:

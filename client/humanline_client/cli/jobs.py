@@ -1,17 +1,18 @@
-"""`humanline jobs`: create, list, show, cancel, events, wait (a job's outputs, metrics,
+"""`humanline jobs`: create, estimate, list, show, cancel, events, wait (a job's outputs, metrics,
 checkpoints, downloads and report, are in job_outputs)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from .._client import Client
 from .._progress import _fmt_eta
-from ..types import Job, JobEvent
+from ..types import Job, JobEstimate, JobEvent
 from ._app import (
     FileOpt,
     JsonOpt,
@@ -124,6 +125,41 @@ def _wait_and_report(client: Client, job_id: str, as_json: bool, timeout: Option
     _finished(job, as_json, f"{job.id} {job.status}")
 
 
+def _job_body(
+    client: Client,
+    spec: Optional[Path],
+    model: Optional[str],
+    file: Optional[str],
+    objective: Optional[str],
+    variant: Optional[str],
+    max_steps: Optional[int],
+    set_: Optional[list[str]],
+    metadata: Optional[list[str]],
+) -> dict[str, Any]:
+    """A job's body from a spec file and the options (an option wins; a local training file
+    is uploaded first): `jobs create` and `jobs estimate` alike."""
+    body: dict[str, Any] = _load_spec(spec) if spec else {}
+    if model:
+        body["base_model"] = model
+    if objective:
+        current = body.get("objective")
+        body["objective"] = (
+            {**current, "name": objective} if isinstance(current, dict) else objective
+        )
+    if variant:
+        body["variant"] = variant
+    if max_steps is not None:
+        body["max_steps"] = max_steps
+    if metadata:
+        body["metadata"] = {**body.get("metadata", {}), **_pairs(metadata, "--metadata")}
+    body = _apply_sets(body, set_ or [])
+    if file:
+        body["training_file"] = file
+    _upload_local(client, body, "training_file", "train")
+    _require(body, {"base_model": "--model", "training_file": "--file", "objective": "--objective"})
+    return body
+
+
 @_command(jobs_app, "create")
 def jobs_create(
     model: Annotated[
@@ -146,32 +182,11 @@ def jobs_create(
 ) -> None:
     """Submit a training job."""
     client = _client()
-    body: dict[str, Any] = _load_spec(spec) if spec else {}
-    if model:
-        body["base_model"] = model
-    if objective:
-        current = body.get("objective")
-        body["objective"] = (
-            {**current, "name": objective} if isinstance(current, dict) else objective
-        )
-    if variant:
-        body["variant"] = variant
-    if max_steps is not None:
-        body["max_steps"] = max_steps
-    if metadata:
-        body["metadata"] = {**body.get("metadata", {}), **_pairs(metadata, "--metadata")}
-    body = _apply_sets(body, set_ or [])
-    if file:
-        body["training_file"] = file
-    _upload_local(client, body, "training_file", "train")
-    _require(body, {"base_model": "--model", "training_file": "--file", "objective": "--objective"})
-    base_model = body.pop("base_model")
-    training_file = body.pop("training_file")
-    objective_value = body.pop("objective")
+    body = _job_body(client, spec, model, file, objective, variant, max_steps, set_, metadata)
     job = client.jobs.create(
-        base_model=base_model,
-        training_file=training_file,
-        objective=objective_value,
+        base_model=body.pop("base_model"),
+        training_file=body.pop("training_file"),
+        objective=body.pop("objective"),
         extra_body=body,
     )
     _created(
@@ -181,6 +196,87 @@ def jobs_create(
         f"created {job.id} ({job.objective}, {job.variant}, {job.base_model}): {job.status}\n"
         f"follow it with: humanline jobs events {job.id} --follow",
     )
+
+
+def _duration(seconds: float) -> str:
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
+
+
+def _show_estimate(est: JobEstimate) -> None:
+    where = f"{est.gpus} x {est.device}" if est.gpus else f"{est.processes} x {est.device}"
+    rows: list[list[Any]] = [
+        ["runs on", f"{where} ({est.memory_available_gib:g} GiB per process)"],
+        ["steps", est.steps],
+        [
+            "micro-batch",
+            f"{est.micro_batch} examples x grad_accum {est.grad_accum}"
+            + (", activation checkpointing" if est.activation_checkpointing else ""),
+        ],
+        [
+            "memory per process",
+            f"{est.memory_gib_per_process:.2f} GiB"
+            + ("" if est.memory_fits else " (does not fit)"),
+        ],
+        ["training tokens", f"{est.tokens:,} ({est.tokens_per_step:,} a step)"],
+        [
+            "wall-clock",
+            (
+                f"{_duration(est.wall_clock_seconds)} (training "
+                f"{_duration(est.train_seconds)}, start {_duration(est.startup_seconds)})"
+            ),
+        ],
+        ["GPU-hours", f"{est.gpu_hours:.3f}"],
+    ]
+    if est.sampled_tokens:
+        rows.append(
+            [
+                "sampling",
+                (
+                    f"{est.sampled_tokens:,} tokens, "
+                    f"{_duration(est.sampling_seconds)} ({est.sampling_share:.0%} of the time)"
+                ),
+            ]
+        )
+    _out().print(_table(["FIELD", "VALUE"], rows))
+    _out().print(f"tokens {est.tokens_method}", markup=False)
+    for warning in est.warnings:
+        _out().print(f"warning: {warning}", markup=False)
+
+
+@_command(jobs_app, "estimate")
+def jobs_estimate(
+    spec_file: Annotated[
+        Optional[Path],
+        typer.Argument(
+            help="Job spec (YAML or JSON), as for `jobs create --spec`.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Base model.")] = None,
+    file: FileOpt = None,
+    objective: Annotated[Optional[str], typer.Option(help="dpo, kto or grpo.")] = None,
+    variant: Annotated[
+        Optional[str],
+        typer.Option(help="offline, offline+humanline, online or online+humanline."),
+    ] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps.")] = None,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What a job would cost (steps, tokens, memory, GPUs, wall-clock, GPU-hours), without
+    creating it: the same spec and checks as `jobs create`."""
+    client = _client()
+    body = _job_body(client, spec_file, model, file, objective, variant, max_steps, set_, None)
+    est = client.jobs.estimate(
+        base_model=body.pop("base_model"),
+        training_file=body.pop("training_file"),
+        objective=body.pop("objective"),
+        extra_body=body,
+    )
+    _emit(est, as_json, _show_estimate)
 
 
 @_command(jobs_app, "list")

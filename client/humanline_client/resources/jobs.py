@@ -1,4 +1,4 @@
-"""`client.jobs`: create, list, retrieve, cancel, events, metrics, checkpoints,
+"""`client.jobs`: create, estimate, list, retrieve, cancel, events, metrics, checkpoints,
 download_checkpoint, download_model, stream_events, wait, report."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..types import (
     EvaluationParams,
     HumanlineParams,
     Job,
+    JobEstimate,
     JobEvent,
     JobReport,
     JobStatus,
@@ -162,6 +163,56 @@ class _Jobs(APIResource):
             timeout=timeout,
         )
         return (yield from self._call(Job, opts))
+
+    @endpoint
+    def estimate(
+        self,
+        *,
+        base_model: str,
+        training_file: str,
+        objective: Union[Objective, ObjectiveParams],
+        variant: Optional[Variant] = None,
+        preset: Optional[str] = None,
+        data_source: Optional[str] = None,
+        humanline: Optional[bool] = None,
+        online: Optional[OnlineParams] = None,
+        humanline_params: Optional[HumanlineParams] = None,
+        reference_sync: Optional[str] = None,
+        length_normalize: Optional[bool] = None,
+        optim: Optional[OptimParams] = None,
+        batch_size: Optional[int] = None,
+        grad_accum: Optional[int] = None,
+        max_steps: Optional[int] = None,
+        epochs: Optional[int] = None,
+        max_prompt_length: Optional[int] = None,
+        max_length: Optional[int] = None,
+        seed: Optional[int] = None,
+        precision: Optional[str] = None,
+        adapter: Optional[AdapterParams] = None,
+        checkpoint_every: Optional[int] = None,
+        evaluations: Optional[list[EvaluationParams]] = None,
+        max_runtime: Optional[float] = None,
+        log_every: Optional[int] = None,
+        quality_sample: Optional[int] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        activation_checkpointing: Optional[str] = None,
+        compile: Optional[str] = None,
+        parallelism: Optional[ParallelParams] = None,
+        extra_body: Optional[Mapping[str, Any]] = None,
+        timeout: Any = NOT_GIVEN,
+    ) -> Steps[JobEstimate]:
+        """What a job would cost, before creating it: the same keywords, body and errors as
+        `create` (a bad spec raises the same exception), but nothing is created. Returns the
+        resolved spec, the micro-batch, steps, training tokens (approximated from the file's
+        size: `tokens_method`), memory per process, GPUs, and the predicted wall-clock and
+        GPU-hours on the server's job queue."""
+        opts = RequestOptions(
+            "POST",
+            "/v1/jobs/estimate",
+            json=self._create_body(locals()),  # the keywords: no other local yet
+            timeout=timeout,
+        )
+        return (yield from self._call(JobEstimate, opts))
 
     @paged
     def list(

@@ -1,0 +1,60 @@
+"""A job's cost estimate on this deployment (POST /v1/jobs/estimate, and kept with every job).
+
+The decision is contract.estimate's; this module supplies what the API knows: the base model's
+shape (api.caps.model_shape), the training file's size, and the device class and processes of
+the job queue (JOB_DEVICE_KIND, JOB_PROCESSES), whose memory per process is the device's, at
+most CAP_TRAIN_MEMORY_GIB (a CPU's is the cap)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from api.caps import model_shape
+from api.errors import api_error
+from contract.estimate import JobEstimate, estimate_job, throughput_table
+from contract.memory import GiB
+from contract.spec import JobSpec
+from models import job_events
+from models.settings import Settings
+
+CREATED_EVENT = "created"  # its data holds the spec and the estimate (models.jobs.create_job)
+
+
+def memory_per_process(settings: Settings) -> int:
+    device = throughput_table()["devices"][settings.JOB_DEVICE_KIND]
+    gib = settings.CAP_TRAIN_MEMORY_GIB
+    if device.get("memory_gib") is not None:
+        gib = min(gib, float(device["memory_gib"]))
+    return int(gib * GiB)
+
+
+def estimate_for(
+    spec: JobSpec, settings: Settings, file_format: str | None, file_bytes: int, records: int
+) -> JobEstimate | None:
+    """The estimate of an admitted, resolved spec; None when the base model's shape is not
+    readable here (its memory was not estimated either: admission warned)."""
+    shape = model_shape(spec.base_model)
+    if shape is None:
+        return None
+    try:
+        return estimate_job(
+            spec,
+            shape,
+            file_format=file_format,
+            file_bytes=file_bytes,
+            records=records,
+            device=settings.JOB_DEVICE_KIND,
+            processes=settings.JOB_PROCESSES,
+            memory_bytes=memory_per_process(settings),
+        )
+    except ValueError as e:  # the batch does not split over the queue's processes
+        raise api_error(422, str(e), field="batch_size") from e
+
+
+def stored_estimate(session: Session, job_id: str) -> dict[str, Any] | None:
+    """The estimate kept with a job at create time (in its `created` event), None if none."""
+    data = job_events.event_data(session, job_id, CREATED_EVENT)
+    estimate = (data or {}).get("estimate")
+    return estimate if isinstance(estimate, dict) else None
