@@ -19,13 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from api.errors import api_error
-from contract.memory import (
-    BUILTIN_SHAPES,
-    SAFETY_MARGIN,
-    GiB,
-    ModelShape,
-    choose_micro_batch,
-)
+from contract.memory import BUILTIN_SHAPES, GiB, ModelShape
+from contract.micro_batch import SAFETY_MARGIN, choose_micro_batch
 from contract.spec import JobSpec
 from models.settings import Settings
 
@@ -151,7 +146,7 @@ def check_memory(
     """Refuse (422) a job that cannot fit CAP_TRAIN_MEMORY_GIB per training process, naming
     the fields that drive the estimate, the estimate and the cap. With grad_accum unset that
     is a job whose smallest micro-batch (one example, checkpointed unless the spec says off:
-    contract.memory.choose_micro_batch, what the trainer will do) does not fit; a set
+    contract.micro_batch.choose_micro_batch, what the trainer will do) does not fit; a set
     grad_accum is priced as given. Returns a warning ("" when none) when the base model's
     config.json cannot be read here (a model directory mounted on the workers only): that
     job is admitted unestimated."""

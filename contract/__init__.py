@@ -14,12 +14,14 @@ Torch-free (the API imports it); each decision below is made here, once.
                 hold which fields (profiled at upload)
     evaluation  what an evaluation request names (file, kind, judge, generation)
     data        the training-file formats and the one JSONL validator (BOM handling included);
-                sft_data the SFT formats (prompt/completion, OpenAI's chat messages)
+                sft_data the SFT formats (prompt/completion, OpenAI's chat messages),
+                records the field checks every format's parser shares
     runs        the run-directory protocol between worker and trainer: file names, STOP,
                 exit codes, event kinds
     tasks       Celery task and queue names (the API sends by name, the worker registers)
     memory      a job's peak training memory per process, estimated from the spec (caps),
-                calibrated (memory_calibration.json), and the micro-batch that fits
+                calibrated (memory_calibration.json)
+    micro_batch the micro-batch (grad_accum, checkpointing) that fits a given memory
     shapes      the model sizes memory depends on, and the built-in models' shapes
     estimate    a job's cost before launch: steps, tokens, memory, GPUs, wall-clock, GPU-hours
                 (throughput.json: the throughput table the GPU proof calibrates)

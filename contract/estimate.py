@@ -29,7 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from contract.memory import GiB, choose_micro_batch
+from contract.memory import GiB
+from contract.micro_batch import choose_micro_batch
 from contract.shapes import ModelShape
 from contract.spec import JobSpec
 

@@ -1,6 +1,6 @@
 """How much memory one training process of a job needs at its peak, estimated from the spec
-and the base model's shape before anything is loaded (issues 14, 25; DESIGN.md §5-6), and the
-micro-batch that fits a given memory (`choose_micro_batch`, used by the trainer and the API).
+and the base model's shape before anything is loaded (issues 14, 25; DESIGN.md §5-6). The
+micro-batch that fits a given memory is chosen from it in contract.micro_batch.
 
 Torch-free (the API imports it). Per process: host RAM on a CPU, device memory on a GPU (FSDP
 divides weights, gradients and AdamW state by the processes). Parts (`MemoryEstimate.parts`):
@@ -39,7 +39,7 @@ GiB = 1 << 30
 RUNTIME_BYTES = int(0.6 * GiB)  # a CPU process: Python, torch, transformers (RSS)
 # A GPU process's device memory outside torch's tensors: the CUDA context with its kernels
 # (~0.5 GiB on an H100/H200, torch 2.x, lazy module loading) and cuBLAS/cuDNN workspaces.
-# The allocator's cached-but-free blocks are the safety margin's (choose_micro_batch).
+# The allocator's cached-but-free blocks are the safety margin's (contract.micro_batch).
 RUNTIME_BYTES_ON = {"cpu": RUNTIME_BYTES, "cuda": 1 * GiB}
 # trainer.chunked_logps' budget: one chunk's fp32 logits (tokens = this ÷ 4V, at least
 # LOGPS_MIN_CHUNK). The trainer uses the same number; a test checks they agree.
@@ -330,104 +330,3 @@ def _sampler(
     # a second copy of the weights and its own cache, held through training
     sampler = n_params * engine_b + (int(cache * GiB) if cache is not None else kv_cache)
     return sampler, (), fields + ("online.engine", "online.vllm.kv_cache_gib")
-
-
-# The share of the memory available that a chosen micro-batch's estimate may fill. The
-# calibration points sit at 0.95-1.12 of their measured peaks, and a GPU's caching allocator
-# holds 3-10 % in freed blocks of the wrong size; 10 % covers both in the usual case, and a
-# step that still runs out halves its micro-batch (issue 25, item 1), so a larger margin would
-# only buy fewer refusals of what fits at the price of more accumulation steps for every job.
-SAFETY_MARGIN = 0.10
-
-
-@dataclass(frozen=True)
-class MicroBatchChoice:
-    """A micro-batch for one process: `micro_examples` examples (`rows` sequences) per forward,
-    `grad_accum` of them per optimizer step, and whether layers are checkpointed. `fits`
-    False: not even the smallest configuration fits (its estimate is the one given)."""
-
-    grad_accum: int
-    micro_examples: int
-    rows: int
-    activation_checkpointing: bool
-    estimate: MemoryEstimate
-    fits: bool
-    reason: str
-    keep_softmax: bool = False  # the head keeps its softmax for backward (keeps_softmax)
-
-
-def choose_micro_batch(
-    spec: JobSpec,
-    shape: ModelShape,
-    available_bytes: int,
-    *,
-    world: int = 1,
-    device: str = "cpu",
-    training_file_bytes: int = 0,
-    training_records: int = 0,
-) -> MicroBatchChoice:
-    """The largest micro-batch (fewest accumulation steps) of this process's share of the
-    spec's global batch whose estimate fits `available_bytes` less SAFETY_MARGIN. A set
-    `spec.grad_accum` is used as given; `activation_checkpointing` "auto" turns it on only when
-    that lets a strictly larger micro-batch fit. Pure and fast (a few dozen estimates).
-    ValueError when the batch does not split evenly over `world` processes (or grad_accum)."""
-    examples = spec.examples_per_batch
-    if examples % world:
-        raise ValueError(
-            f"{examples} {spec.batch_unit} per batch do not split over {world} processes"
-        )
-    per_process = examples // world
-    if spec.grad_accum is not None:
-        if per_process % spec.grad_accum:
-            raise ValueError(
-                f"{per_process} {spec.batch_unit} per process do not split into grad_accum "
-                f"{spec.grad_accum} micro-batches"
-            )
-        sizes = [per_process // spec.grad_accum]
-    else:
-        sizes = [d for d in range(per_process, 0, -1) if per_process % d == 0]
-    modes = {"off": (False,), "on": (True,), "auto": (False, True)}[spec.activation_checkpointing]
-    budget = int(available_bytes * (1 - SAFETY_MARGIN))
-    per_example = spec.rows_per_example
-
-    def estimate(micro: int, ckpt: bool) -> MemoryEstimate:
-        return estimate_training_memory(
-            spec,
-            shape,
-            grad_accum=per_process // micro,
-            checkpointing=ckpt,
-            world=world,
-            device=device,
-            training_file_bytes=training_file_bytes,
-            training_records=training_records,
-        )
-
-    def choice(micro: int, ckpt: bool, est: MemoryEstimate, fits: bool, why: str):
-        rows = micro * per_example
-        head = f"{micro} examples ({rows} rows) per micro-batch × {per_process // micro} steps"
-        how = f"activation checkpointing {'on' if ckpt else 'off'}"
-        reason = f"{head}, {how}: about {est.gib:.1f} GiB, {why}"
-        keep = keeps_softmax(spec, shape, ckpt)
-        return MicroBatchChoice(per_process // micro, micro, rows, ckpt, est, fits, reason, keep)
-
-    gib = f"{available_bytes / GiB:.1f} GiB less {SAFETY_MARGIN:.0%}"
-    best: dict[bool, tuple[int, MemoryEstimate]] = {}
-    for ckpt in modes:
-        for micro in sizes:  # largest first: the first that fits is the answer
-            est = estimate(micro, ckpt)
-            if est.total <= budget:
-                best[ckpt] = (micro, est)
-                break
-    if not best:  # the least memory: one example, checkpointing unless the spec says off
-        return choice(
-            sizes[-1],
-            modes[-1],
-            estimate(sizes[-1], modes[-1]),
-            False,
-            f"above {gib}: nothing smaller",
-        )
-    # "auto": checkpointing only when it lets a strictly larger micro-batch fit
-    ckpt = False not in best or (True in best and best[True][0] > best[False][0])
-    micro, est = best[ckpt]
-    given = "grad_accum as set" if spec.grad_accum is not None else "the largest that fits"
-    return choice(micro, ckpt, est, True, f"within {gib} ({given})")

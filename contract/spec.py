@@ -218,7 +218,7 @@ class JobSpec(_Strict):
         ge=1,
         le=INT4_MAX,
         description="Micro-steps per optimizer step. Unset (the default): the trainer picks "
-        "the largest micro-batch that fits the memory it has (contract.memory.choose_micro_batch) "
+        "the largest micro-batch that fits the memory it has (contract.micro_batch) "
         "and halves it on an out-of-memory error; set: used as given.",
     )
     max_steps: int | None = Field(None, ge=1, le=INT4_MAX)

@@ -1,7 +1,7 @@
 """How much memory a training process may use, and what happens when a step runs out of it.
 
 `available_bytes` is the memory the estimate (contract.memory) is compared with when the trainer
-chooses its micro-batch (contract.memory.choose_micro_batch): on a GPU the device's free memory
+chooses its micro-batch (contract.micro_batch.choose_micro_batch): on a GPU the device's free memory
 plus what this process already holds; on a CPU the smallest of the host's available memory,
 the cgroup's limit (a container's, the worker's) and `HUMANLINE_TRAIN_MEMORY_GIB`, shared by the
 node's training processes. Every rank takes the least of all ranks' figures, so all choose the
@@ -25,7 +25,8 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from contract.memory import MicroBatchChoice, ModelShape, choose_micro_batch
+from contract.memory import ModelShape
+from contract.micro_batch import MicroBatchChoice, choose_micro_batch
 from contract.runs import MICRO_BATCH_FILE, OUT_OF_MEMORY_EVENT
 from contract.spec import JobSpec
 

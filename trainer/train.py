@@ -126,7 +126,7 @@ class Trainer:
         )
 
         # Rows per forward: chosen from the estimate and the memory this process has, unless
-        # the spec sets grad_accum (contract.memory.choose_micro_batch); before the model is
+        # the spec sets grad_accum (contract.micro_batch.choose_micro_batch); before the model is
         # loaded, so a GPU's free memory is the whole budget.
         self.memory, self.room = choose_micro_batch_here(
             spec, acc, self.model_dir, self.out_dir, resume

@@ -53,9 +53,8 @@ from .types import (
     JobReport,
     JobTraining,
     Metric,
-    Webhook,
-    WebhookDelivery,
 )
+from .webhook_types import Webhook, WebhookDelivery
 
 __all__ = [
     "DEFAULT_MAX_RETRIES",

@@ -15,11 +15,11 @@ from contract.memory import (
     RUNTIME_BYTES,
     GiB,
     ModelShape,
-    choose_micro_batch,
     estimate_training_memory,
     keeps_softmax,
     layer_bytes,
 )
+from contract.micro_batch import choose_micro_batch
 from contract.spec import JobSpec
 
 TINY = BUILTIN_SHAPES["tiny-llama"]

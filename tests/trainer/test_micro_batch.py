@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from contract.memory import BUILTIN_SHAPES, GiB, choose_micro_batch
+from contract.memory import BUILTIN_SHAPES, GiB
+from contract.micro_batch import choose_micro_batch
 from contract.runs import MICRO_BATCH_FILE
 from trainer import memory as trainer_memory
 from trainer import train as train_module

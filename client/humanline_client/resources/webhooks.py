@@ -21,7 +21,7 @@ from .._methods import endpoint, paged
 from .._resource import APIResource, AsyncAPIResource, Listing, SyncAPIResource, path_id
 from .._retries import NOT_GIVEN, RequestOptions
 from .._steps import Steps
-from ..types import Webhook, WebhookDeleted, WebhookDelivery, WebhookEventType
+from ..webhook_types import Webhook, WebhookDeleted, WebhookDelivery, WebhookEventType
 
 __all__ = ["AsyncWebhooks", "WebhookVerificationError", "Webhooks", "verify_webhook"]
 
