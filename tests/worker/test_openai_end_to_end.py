@@ -18,8 +18,22 @@ from sqlalchemy import select
 from api.main import create_app
 from models.tables import Job, JobMetric
 from models.teams import create_api_key
-from tests.worker.conftest import PREFERENCE, jsonl, wait_for
+from tests.worker.conftest import jsonl, wait_for
+from trainer.synthetic import preference_records
 from worker import embedded
+
+# OpenAI's own DPO layout: the conversation in input.messages, one preferred and one
+# non-preferred assistant message
+OPENAI_DPO = jsonl(
+    [
+        {
+            "input": {"messages": [{"role": "user", "content": r["prompt"]}]},
+            "preferred_output": [{"role": "assistant", "content": r["chosen"]}],
+            "non_preferred_output": [{"role": "assistant", "content": r["rejected"]}],
+        }
+        for r in preference_records(32)
+    ]
+)
 
 
 def test_openai_client_runs_a_dpo_job_to_success(local):
@@ -30,7 +44,8 @@ def test_openai_client_runs_a_dpo_job_to_success(local):
     oai = openai.OpenAI(base_url="http://testserver/v1", api_key=secret, http_client=http)
     embedded.start(local.settings)
     try:
-        training = oai.files.create(file=("prefs.jsonl", PREFERENCE), purpose="fine-tune")
+        training = oai.files.create(file=("prefs.jsonl", OPENAI_DPO), purpose="fine-tune")
+        assert training.status == "processed"
         job = oai.fine_tuning.jobs.create(
             model="tiny-llama",
             training_file=training.id,
