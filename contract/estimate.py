@@ -101,7 +101,8 @@ def _flops_per_token(spec: JobSpec, shape: ModelShape, checkpointing: bool, row:
     lora = spec.adapter.kind == "lora"
     attention = 12.0 * shape.num_layers * shape.hidden_size * row  # fwd + bwd, per token
     flops = (4 if lora else 6) * n + attention
-    flops += 2 * n + attention / 3  # the reference / lookahead forward
+    if spec.needs_reference:  # the reference / lookahead forward (SFT has none)
+        flops += 2 * n + attention / 3
     if checkpointing:
         flops += 2 * n + attention / 3  # each layer's forward again in backward
     return flops
@@ -134,8 +135,10 @@ def estimate_job(
         training_records=records,
     )
     row = row_tokens(spec, file_format, file_bytes, records)
-    # rows scored a step: DPO 2 a pair, KTO 1 an example plus its mismatched KL row, GRPO G
-    rows_per_example = {"dpo": 2, "kto": 2, "grpo": spec.group_size}[spec.objective.name]
+    # rows scored a step: DPO 2 a pair, KTO 1 an example plus its mismatched KL row, GRPO G,
+    # SFT 1 (JobSpec.rows_per_example: the rows with a graph)
+    kl_rows = 1 if spec.objective.name == "kto" else 0
+    rows_per_example = spec.rows_per_example + kl_rows
     rows_per_step = spec.examples_per_batch * rows_per_example
     tokens_per_step = rows_per_step * row
     tokens = tokens_per_step * steps

@@ -103,3 +103,14 @@ def test_every_device_row_has_its_figures():
     for name, row in throughput_table()["devices"].items():
         assert row["peak_flops"] > 0 and 0 < row["hfu"] <= 1, name
         assert row["startup_seconds"] >= 0 and row["source"], name
+
+
+def test_sft_scores_one_row_an_example_and_runs_no_reference():
+    """SFT: one sequence an example, and no reference forward (JobSpec.needs_reference): at
+    the same rows a step, its FLOPs a token are DPO's less the 2N (+ attention) forward."""
+    sft = _estimate(_spec(objective="sft", batch_size=16), ONE_B, file_format="sft")
+    dpo = _estimate(_spec(batch_size=8), ONE_B)  # 8 pairs: the same 16 rows a step
+    assert sft.tokens_per_step == dpo.tokens_per_step == 16 * 512
+    n, attention = ONE_B.params, 12.0 * ONE_B.num_layers * ONE_B.hidden_size * 512
+    ratio = (6 * n + attention) / (8 * n + attention * 4 / 3)
+    assert sft.train_seconds == pytest.approx(dpo.train_seconds * ratio, rel=1e-3)
