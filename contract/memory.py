@@ -5,7 +5,7 @@ micro-batch that fits a given memory is chosen from it in contract.micro_batch.
 Torch-free (the API imports it). Per process: host RAM on a CPU, device memory on a GPU (FSDP
 divides weights, gradients and AdamW state by the processes). Parts (`MemoryEstimate.parts`):
 
-* `runtime`: the process (CPU: Python, torch, transformers ~0.6 GiB RSS; GPU: the CUDA context).
+* `runtime`: the process (CPU: Python, torch, transformers ~0.5 GiB RSS; GPU: the CUDA context).
 * `weights`: full fine-tuning keeps fp32 master weights plus, under bf16/fp16 autocast, the
   cast copy each op keeps for backward; LoRA stores the base in `precision`, the adapter fp32.
 * `gradients and optimizer`: fp32 gradients and AdamW's two moments of what trains (12 B each).
@@ -36,7 +36,8 @@ from contract.shapes import ModelShape
 from contract.spec import JobSpec
 
 GiB = 1 << 30
-RUNTIME_BYTES = int(0.6 * GiB)  # a CPU process: Python, torch, transformers (RSS)
+RUNTIME_BYTES = int(0.5 * GiB)  # a CPU process: Python, torch, transformers (RSS 0.45-0.46 GiB
+# measured before training in tests/trainer/test_memory_estimate.py; 0.6 read 1.24-1.25 of peaks)
 # A GPU process's device memory outside torch's tensors: the CUDA context with its kernels
 # (~0.5 GiB on an H100/H200, torch 2.x, lazy module loading) and cuBLAS/cuDNN workspaces.
 # The allocator's cached-but-free blocks are the safety margin's (contract.micro_batch).
