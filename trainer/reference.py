@@ -178,7 +178,7 @@ class Lookahead:
             values = [rows[row] for row in batch.all_rows()]
         except KeyError:
             raise RuntimeError(f"no reference log-probs for step {step} micro {micro}") from None
-        shape = (len(batch.all_rows()), max(batch.mask.shape[1], _aux_width(batch)))
+        shape = (len(batch.all_rows()), batch.row_width)
         out = torch.zeros(shape, dtype=values[0].dtype, device=values[0].device)
         # integer positions (TokenBatch.row_kept), not out[mask > 0]: a boolean index makes
         # the host wait for the device to count the mask
@@ -224,9 +224,6 @@ def _split_rows(lp: torch.Tensor, batch: TokenBatch) -> list[torch.Tensor]:
     flat = lp.reshape(-1).index_select(0, batch.row_kept().to(lp.device))
     return list(flat.split(counts))
 
-
-def _aux_width(batch: TokenBatch) -> int:
-    return batch.aux.mask.shape[1] if batch.aux is not None else 0
 
 
 def make_reference(

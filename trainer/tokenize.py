@@ -183,11 +183,17 @@ class TokenBatch:
             moved.aux = self.aux.to(device)
         return moved
 
+    @property
+    def row_width(self) -> int:
+        """W of `row_mask()`: the wider of the rows' and the aux rows' kept positions."""
+        aux = self.aux.mask.shape[1] if self.aux is not None else 0
+        return max(self.mask.shape[1], aux)
+
     def row_mask(self) -> torch.Tensor:
         """[N + M, W] completion mask of the rows and then the aux rows (see batch_logps)."""
         if self.aux is None:
             return self.mask
-        width = max(self.mask.shape[1], self.aux.mask.shape[1])
+        width = self.row_width
         def pad(m):
             return torch.nn.functional.pad(m, (0, width - m.shape[1]))
         return torch.cat([pad(self.mask), pad(self.aux.mask)])
@@ -202,7 +208,7 @@ class TokenBatch:
             return self.kept
         assert self.aux.kept is not None
         n, t, ta = self.mask.shape[0], self.mask.shape[1], self.aux.mask.shape[1]
-        width = max(t, ta)
+        width = self.row_width
         rows = self.kept // t * width + self.kept % t
         aux = (self.aux.kept // ta + n) * width + self.aux.kept % ta
         return torch.cat([rows, aux])

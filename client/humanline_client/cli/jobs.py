@@ -160,18 +160,22 @@ def _job_body(
     return body
 
 
+ObjectiveOpt = Annotated[Optional[str], typer.Option(help="sft, dpo, kto or grpo.")]
+VariantOpt = Annotated[
+    Optional[str], typer.Option(help="offline, offline+humanline, online or online+humanline.")
+]
+MaxStepsOpt = Annotated[Optional[int], typer.Option(help="Stop after this many steps.")]
+
+
 @_command(jobs_app, "create")
 def jobs_create(
     model: Annotated[
         Optional[str], typer.Option("--model", help="Base model, e.g. smollm2-135m-instruct.")
     ] = None,
     file: FileOpt = None,
-    objective: Annotated[Optional[str], typer.Option(help="sft, dpo, kto or grpo.")] = None,
-    variant: Annotated[
-        Optional[str],
-        typer.Option(help="offline, offline+humanline, online or online+humanline."),
-    ] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps.")] = None,
+    objective: ObjectiveOpt = None,
+    variant: VariantOpt = None,
+    max_steps: MaxStepsOpt = None,
     set_: SetOpt = None,
     metadata: Annotated[
         Optional[list[str]], typer.Option("--metadata", help="key=value labels (repeatable).")
@@ -257,12 +261,9 @@ def jobs_estimate(
     ] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="Base model.")] = None,
     file: FileOpt = None,
-    objective: Annotated[Optional[str], typer.Option(help="dpo, kto or grpo.")] = None,
-    variant: Annotated[
-        Optional[str],
-        typer.Option(help="offline, offline+humanline, online or online+humanline."),
-    ] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many steps.")] = None,
+    objective: ObjectiveOpt = None,
+    variant: VariantOpt = None,
+    max_steps: MaxStepsOpt = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
