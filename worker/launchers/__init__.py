@@ -1,0 +1,6 @@
+"""How an attempt's ranks are started and followed: one interface (base.Launcher), two
+implementations (local subprocess, Kubeflow Trainer TrainJob)."""
+
+from worker.launchers.base import Launcher, LaunchRequest, LaunchState, LaunchStatus
+
+__all__ = ["LaunchRequest", "LaunchState", "LaunchStatus", "Launcher"]
