@@ -7,10 +7,14 @@ trainer knows nothing of the service. Everything they share is named here, once.
     RUN_DIR/events.jsonl         one line per event ({"time", "kind", "message", "data"})
     RUN_DIR/data_quality.json    the training data's quality summary (written once)
     RUN_DIR/result.json          the trainer's own summary at the end
-    RUN_DIR/checkpoints/step-N/  a complete checkpoint (written as step-N.tmp, then renamed);
-                                 its state.json holds the world size it was saved with, its
-                                 weights.safetensors the trainable weights and spec.json the
-                                 job's spec (what an evaluation of the checkpoint loads)
+    RUN_DIR/checkpoints/step-N/  a checkpoint (trainer.checkpoint: DCP shards written by every
+                                 rank), committed by COMPLETE_MARKER, which rank 0 writes last
+                                 (a manifest {"version": MANIFEST_VERSION, "files": [{"path",
+                                 "size"}]}); a step dir without it is torn and never read. Its
+                                 state.json holds the format and the world size it was saved
+                                 with, spec.json the job's spec; trainer.checkpoint.read_weights
+                                 reads its trainable weights (what an evaluation loads). Format 1
+                                 dirs (weights.safetensors, optimizer.pt, rank-R.pt) still load.
     RUN_DIR/final/               the exported model of a finished run
     RUN_DIR/STOP                 dropped by the worker: checkpoint at the next step boundary
                                  and exit with EXIT_STOPPED
@@ -37,7 +41,12 @@ RESULT_FILE = "result.json"
 STOP_FILE = "STOP"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_STATE_FILE = "state.json"
-CHECKPOINT_WEIGHTS_FILE = "weights.safetensors"
+CHECKPOINT_WEIGHTS_FILE = "weights.safetensors"  # format 1 checkpoints only
+CHECKPOINT_FORMAT = 2  # state.json "format": DCP shards (format 1 wrote no "format")
+# The commit marker of a checkpoint or export directory, locally and in the store: written
+# last, holding the manifest {"version": MANIFEST_VERSION, "files": [{"path", "size"}]}
+COMPLETE_MARKER = "_COMPLETE"
+MANIFEST_VERSION = 1
 CHECKPOINT_SPEC_FILE = "spec.json"
 FINAL_DIR = "final"
 CHECKPOINT_DIR_RE = re.compile(r"step-(0|[1-9][0-9]*)")
@@ -69,12 +78,13 @@ CHECKPOINT_EVENT = "checkpoint"
 
 
 def checkpoint_dir_name(step: int) -> str:
-    """`step-N`: the name of a complete checkpoint directory under CHECKPOINTS_DIR."""
+    """`step-N`: the name of a checkpoint directory under CHECKPOINTS_DIR."""
     return f"step-{step}"
 
 
 def checkpoint_step(name: str) -> int | None:
-    """N for a complete checkpoint directory `step-N` (None for anything else: `.tmp` dirs)."""
+    """N for a checkpoint directory `step-N` (None for anything else: `.tmp` dirs); whether
+    it is complete is its COMPLETE_MARKER's to say."""
     m = CHECKPOINT_DIR_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from contract.runs import COMPLETE_MARKER
+from contract.runs import MANIFEST_VERSION as _MANIFEST_VERSION
 from storage.keys import RESERVED_ROOT, check_key
-
-COMPLETE_MARKER = "_COMPLETE"
-_MANIFEST_VERSION = 1
 
 
 class StorageError(Exception):

@@ -1,47 +1,71 @@
 """Checkpoints that resume bit-for-bit: trainable weights, optimizer, scheduler, RNG streams,
-the reference's pending log-probs, the online round's examples (offline, the data position
-follows from the step) and the spec.
+the reference's pending log-probs, the data position and the online round's examples, and the
+spec.
 
-Layout: `OUT/checkpoints/step-N/` holding `weights.safetensors` (adapter or full), `optimizer.pt`,
-`scheduler.pt`, `rank-R.pt` (RNG + reference cache, one per process), `state.json` and
-`spec.json`. A checkpoint is written under `step-N.tmp/` and renamed when every file is on
-disk, so a directory named `step-N` is always complete (a crash leaves only a `.tmp`).
+Format 2 (this one): `ROOT/step-N/` under a checkpoint root that is a local directory
+(`OUT/checkpoints`, the default) or an fsspec URL (trainer.ckptio), holding
 
-Weights and optimizer state come from the run's `Parallel` (trainer.distributed): under FSDP
-the weights are gathered for rank 0 to write in this same file, and each rank writes its own
-shard of the optimizer state as `optimizer-rank-R.pt` instead of `optimizer.pt`.
+    .metadata, __R_0.distcp   torch.distributed.checkpoint (DCP) of {"model", "optim"}: every
+                              rank writes its own shards (get_state_dict: no rank gathers the
+                              model), the weights keyed as trainable_state_dict names them
+    rank-R.pt                 rank R's RNG streams (torch, cuda, python, numpy) and the
+                              reference's pending lookahead log-probs (keyed by row)
+    scheduler.pt, data.pt     rank 0: the LR schedule; the data's state (online: the prompt
+                              cursor and the round's examples; the same on every rank)
+    state.json, spec.json     rank 0: format, step, world size, the data position as a global
+                              sample index (step x examples per batch), the spec
+    _COMPLETE                 written LAST by rank 0 after a barrier: the manifest
+                              {"version": 1, "files": [{"path", "size"}]} (contract.runs)
+
+`latest` lists only committed (marked) step dirs; a step dir without its marker (a crash
+before the commit) is never resumed.
+
+Another world size (DCP reshards the model and the optimizer; the rest is mapped):
+* rank r restores rank r's RNG streams if the checkpoint has a rank r, else rank 0's (random
+  draws of a run come from derive_seed streams named by step and rank, so these only matter to
+  code outside them);
+* pending lookahead log-probs are keyed by row (TokenSeq), so every rank loads every old
+  rank's rows and finds its own; the others are dropped once their step has passed;
+* the data: the plan is a function of the global step (trainer.plan: the global batch of a
+  step does not depend on the world size), so the global sample index is the position; online
+  data's state is global.
+
+Format 1 (weights.safetensors, optimizer.pt or optimizer-rank-R.pt, rank-R.pt: no "format" in
+state.json) still resumes at the same world size and parallelism, through `_load_v1`.
 
 Every `.pt` file is read with `load_state` (torch.load's weights_only=True): tensors, plain
 Python data and the few dataclasses of ours named in CHECKPOINT_TYPES (an online round's
-examples), nothing else. A checkpoint crosses machines through the store; a pickle that could
-run code on load is refused (UnsafeCheckpoint), never executed. The RNG states are saved as
-that plain data (numpy's generator state as a list, not an ndarray).
+examples), nothing else; DCP's `.metadata` goes through a restricted unpickler
+(trainer.ckptio). A checkpoint crosses machines through the store; a pickle that could run
+code on load is refused (UnsafeCheckpoint), never executed.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import pickle
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from numpy._core.multiarray import _reconstruct as np_reconstruct
-from safetensors.torch import load_file, save_file
 
 from contract.runs import (
+    CHECKPOINT_FORMAT,
     CHECKPOINT_SPEC_FILE,
     CHECKPOINT_STATE_FILE,
-    CHECKPOINT_WEIGHTS_FILE,
     CHECKPOINTS_DIR,
+    COMPLETE_MARKER,
+    MANIFEST_VERSION,
     checkpoint_dir_name,
     checkpoint_step,
 )
+from trainer import ckptio
+from trainer.ckptio import Root
 from trainer.online.rounds import Round
 from trainer.recipes.grpo import GRPOGroup
 from trainer.recipes.kto import Unpaired
@@ -61,19 +85,20 @@ class UnsafeCheckpoint(ValueError):
     """A checkpoint file holds something other than tensors, plain data and CHECKPOINT_TYPES."""
 
 
-def load_state(path: Path) -> Any:
-    """torch.load(path) with weights_only=True and CHECKPOINT_TYPES allowed; raises
-    UnsafeCheckpoint for a file that would need more (a pickle that runs code on load)."""
+def load_state(path: Root, source: IO[bytes] | None = None) -> Any:
+    """torch.load(path) (or of `source`, the bytes read from `path`) with weights_only=True and
+    CHECKPOINT_TYPES allowed; raises UnsafeCheckpoint for a file that would need more (a pickle
+    that runs code on load)."""
     try:
         with torch.serialization.safe_globals(CHECKPOINT_TYPES):
-            return torch.load(path, weights_only=True)
+            return torch.load(source or path, weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch's line naming what was refused ("... GLOBAL posix.system ..."), not its
         # advice to load the file with weights_only=False
         lines = str(exc).splitlines()
         reason = next((ln.strip() for ln in lines if "global" in ln.lower()), "not allowed")
         raise UnsafeCheckpoint(
-            f"checkpoint file {path.name} holds more than tensors and plain data; "
+            f"checkpoint file {Path(str(path)).name} holds more than tensors and plain data; "
             f"refusing to load it ({reason})"
         ) from None
 
@@ -81,23 +106,40 @@ def load_state(path: Path) -> Any:
 @dataclass
 class Checkpoint:
     step: int
-    path: Path
+    path: Root
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
+    """The default checkpoint root of a run directory."""
     return Path(out_dir) / CHECKPOINTS_DIR
 
 
-def latest(out_dir: Path) -> Checkpoint | None:
-    """The newest complete checkpoint, if any."""
+def is_committed(path: Root) -> bool:
+    return ckptio.exists(ckptio.join(path, COMPLETE_MARKER))
+
+
+def latest(root: Root) -> Checkpoint | None:
+    """The newest committed checkpoint under the checkpoint root `root`, if any."""
     found = []
-    root = checkpoint_dir(out_dir)
-    if root.is_dir():
-        for p in root.iterdir():
-            step = checkpoint_step(p.name)
-            if step is not None and (p / CHECKPOINT_STATE_FILE).exists():
-                found.append(Checkpoint(step, p))
+    for name in ckptio.list_dirs(root):
+        step = checkpoint_step(name)
+        if step is not None and is_committed(ckptio.join(root, name)):
+            found.append(Checkpoint(step, ckptio.join(root, name)))
     return max(found, key=lambda c: c.step, default=None)
+
+
+def read_json(path: Root, name: str) -> dict:
+    return json.loads(ckptio.read_bytes(ckptio.join(path, name)))
+
+
+def _load_bytes(path: Root) -> Any:
+    return load_state(path, io.BytesIO(ckptio.read_bytes(path)))
+
+
+def _save_bytes(path: Root, obj: Any) -> None:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    ckptio.write_bytes(path, buffer.getvalue())
 
 
 def _rng_state() -> dict:
@@ -127,7 +169,7 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save(
-    out_dir: Path,
+    root: Root,
     step: int,
     *,
     accelerator,
@@ -140,60 +182,180 @@ def save(
     spec_json: str,
     extra: dict,
 ) -> Checkpoint:
-    """Collective: every process calls it. Returns the final directory."""
-    final = checkpoint_dir(out_dir) / checkpoint_dir_name(step)
-    tmp = final.with_name(final.name + ".tmp")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    rank = accelerator.process_index
-    mine = {"rng": _rng_state(), "reference": reference.state_dict(), "data": data.state_dict()}
-    torch.save(mine, tmp / f"rank-{rank}.pt")
-    weights = parallel.trainable_state(model)  # collective; None except on rank 0
-    parallel.save_optimizer(optimizer, tmp)  # optimizer.pt, or one shard per rank (FSDP)
-    if accelerator.is_main_process:
-        weights = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-        save_file(weights, tmp / CHECKPOINT_WEIGHTS_FILE)
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        (tmp / CHECKPOINT_SPEC_FILE).write_text(spec_json)
+    """Collective: every process calls it. Writes `root/step-N` and commits it."""
+    import torch.distributed.checkpoint as dcp
+
+    acc = accelerator
+    path = ckptio.join(root, checkpoint_dir_name(step))
+    if acc.is_main_process:
+        ckptio.remove_tree(path)  # a torn attempt at this step (never committed)
+    acc.wait_for_everyone()
+    dcp.save(
+        parallel.checkpoint_state(model, optimizer),
+        storage_writer=ckptio.storage_writer(path),
+        no_dist=_alone(),
+    )
+    rank = acc.process_index
+    mine = {"rng": _rng_state(), "reference": reference.state_dict()}
+    _save_bytes(ckptio.join(path, f"rank-{rank}.pt"), mine)
+    if acc.is_main_process:
+        _save_bytes(ckptio.join(path, "scheduler.pt"), scheduler.state_dict())
+        _save_bytes(ckptio.join(path, "data.pt"), data.state_dict())
+        ckptio.write_bytes(ckptio.join(path, CHECKPOINT_SPEC_FILE), spec_json.encode())
         state = {
+            "format": CHECKPOINT_FORMAT,
             "step": step,
-            "world_size": accelerator.num_processes,
+            "world_size": acc.num_processes,
             "parallelism": parallel.name,
             **extra,
         }
-        (tmp / CHECKPOINT_STATE_FILE).write_text(json.dumps(state, indent=2))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    accelerator.wait_for_everyone()
-    return Checkpoint(step, final)
+        ckptio.write_bytes(ckptio.join(path, CHECKPOINT_STATE_FILE), json.dumps(state).encode())
+    acc.wait_for_everyone()  # every rank's files are written: commit
+    if acc.is_main_process:
+        commit(path)
+    acc.wait_for_everyone()
+    return Checkpoint(step, path)
+
+
+def global_sample(step: int, examples_per_batch: int) -> int:
+    """The data position after `step`: examples trained on so far, counted over all ranks (a
+    step's global batch does not depend on the world size, trainer.plan)."""
+    return step * examples_per_batch
+
+
+def check_position(state: dict, step: int, examples_per_batch: int) -> None:
+    """A resume continues at the checkpoint's global sample index: the batch must not change."""
+    saved = state.get("global_sample")
+    if saved is not None and saved != global_sample(step, examples_per_batch):
+        raise ValueError(
+            f"the checkpoint at step {step} is at global sample {saved}, which a batch of "
+            f"{examples_per_batch} examples does not reach at that step; resume with its batch"
+        )
+
+
+def _alone() -> bool:
+    """No process group: DCP reads and writes as one process."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def commit(path: Root) -> None:
+    """Write `path`'s COMPLETE_MARKER: the manifest of every file under it (storage.base's
+    upload_dir format). Call it once every file is written."""
+    files = [
+        {"path": rel, "size": size}
+        for rel, size in ckptio.list_files(path)
+        if rel != COMPLETE_MARKER
+    ]
+    manifest = {"version": MANIFEST_VERSION, "files": files}
+    ckptio.write_bytes(ckptio.join(path, COMPLETE_MARKER), json.dumps(manifest).encode())
 
 
 def load(
     ckpt: Checkpoint, *, accelerator, parallel, model, optimizer, scheduler, reference, data
 ) -> dict:
-    """Restore everything `save` wrote; returns state.json."""
-    state = json.loads((ckpt.path / CHECKPOINT_STATE_FILE).read_text())
+    """Restore everything `save` wrote (collective); returns state.json."""
+    import torch.distributed.checkpoint as dcp
+
+    state = read_json(ckpt.path, CHECKPOINT_STATE_FILE)
+    if state.get("format", 1) == 1:
+        return _load_v1(ckpt, state, accelerator, parallel, model, optimizer, scheduler, reference, data)
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {ckpt.path} has format {state['format']}; this trainer reads 1 and 2")
+    acc = accelerator
+    target = parallel.checkpoint_state(model, optimizer)
+    reader = ckptio.storage_reader(ckpt.path)
+    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=_alone())
+    parallel.load_checkpoint_state(model, optimizer, target)
+    scheduler.load_state_dict(_load_bytes(ckptio.join(ckpt.path, "scheduler.pt")))
+    data.load_state_dict(_load_bytes(ckptio.join(ckpt.path, "data.pt")))
+    saved_world, rank = int(state["world_size"]), acc.process_index
+    own = _load_bytes(ckptio.join(ckpt.path, f"rank-{rank if rank < saved_world else 0}.pt"))
+    if saved_world == acc.num_processes:
+        reference.load_state_dict(own["reference"])
+    else:  # rows are keyed: every rank takes every old rank's and finds its own
+        rows = [
+            row
+            for r in range(saved_world)
+            for row in _load_bytes(ckptio.join(ckpt.path, f"rank-{r}.pt"))["reference"].get("rows", [])
+        ]
+        reference.load_state_dict({"rows": rows})
+    _set_rng_state(own["rng"])
+    return state
+
+
+class SafeLoadPlanner:
+    """DCP's default load planner, reading byte entries (the optimizer's param groups) with
+    load_state instead of DCP's torch.load(weights_only=False)."""
+
+    def __new__(cls):
+        from torch.distributed.checkpoint import DefaultLoadPlanner
+
+        class _Planner(DefaultLoadPlanner):
+            def load_bytes(self, read_item, value) -> None:
+                obj = load_state(read_item.dest_index.fqn, value)
+                if self.flatten_state_dict:
+                    from torch.distributed.checkpoint._nested_dict import set_element
+
+                    set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+                else:
+                    self.state_dict[read_item.dest_index.fqn] = obj
+
+        return _Planner()
+
+
+def read_weights(path: Root) -> dict[str, torch.Tensor]:
+    """The trainable weights of the checkpoint at `path` (full or adapter), keyed as
+    trainer.modeling.trainable_state_dict keys them, read on one process (no process group):
+    what an evaluation of a checkpoint loads. Reads format 1 and 2."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    state = read_json(path, CHECKPOINT_STATE_FILE)
+    if state.get("format", 1) == 1:
+        from safetensors.torch import load
+
+        from contract.runs import CHECKPOINT_WEIGHTS_FILE
+
+        return load(ckptio.read_bytes(ckptio.join(path, CHECKPOINT_WEIGHTS_FILE)))
+    reader = ckptio.storage_reader(path)
+    metadata = reader.read_metadata()
+    flat = {
+        key: torch.empty(md.size, dtype=md.properties.dtype)
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    dcp.load(flat, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    return {key.removeprefix("model."): value for key, value in flat.items()}
+
+
+def _load_v1(
+    ckpt: Checkpoint, state, accelerator, parallel, model, optimizer, scheduler, reference, data
+) -> dict:
+    """A format 1 checkpoint (written before DCP): same world size and parallelism only (its
+    optimizer state is laid out per rank)."""
+    from safetensors.torch import load_file
+
+    from contract.runs import CHECKPOINT_WEIGHTS_FILE
+
+    if ckptio.is_url(ckpt.path):
+        raise ValueError(f"format 1 checkpoint {ckpt.path} resumes from a local directory only")
+    path = Path(ckpt.path)
     if state["world_size"] != accelerator.num_processes:
         raise ValueError(
-            f"checkpoint {ckpt.path} was written by {state['world_size']} processes; "
+            f"checkpoint {path} (format 1) was written by {state['world_size']} processes; "
             f"resume with the same number (got {accelerator.num_processes})"
         )
     if state.get("parallelism", "ddp") != parallel.name:  # their optimizer layouts differ
         raise ValueError(
-            f"checkpoint {ckpt.path} was written with parallelism "
+            f"checkpoint {path} (format 1) was written with parallelism "
             f"{state.get('parallelism', 'ddp')!r}; resume with the same (got {parallel.name!r})"
         )
-    parallel.load_trainable_state(model, load_file(ckpt.path / CHECKPOINT_WEIGHTS_FILE))
-    parallel.load_optimizer(optimizer, ckpt.path)
-    scheduler.load_state_dict(load_state(ckpt.path / "scheduler.pt"))
-    mine = load_state(ckpt.path / f"rank-{accelerator.process_index}.pt")
+    parallel.load_trainable_state(model, load_file(path / CHECKPOINT_WEIGHTS_FILE))
+    parallel.load_optimizer(optimizer, path)
+    scheduler.load_state_dict(load_state(path / "scheduler.pt"))
+    mine = load_state(path / f"rank-{accelerator.process_index}.pt")
     reference.load_state_dict(mine["reference"])
     data.load_state_dict(mine["data"])
     _set_rng_state(mine["rng"])

@@ -11,13 +11,17 @@ root are sharded over one mesh of all processes; parameters become DTensors (Sha
 gradients are reduce-scattered, AdamW keeps 1/N of its state per process. On a process that
 was started alone, a one-process group is made, so the FSDP code path also runs on one device.
 
-Checkpoints under FSDP hold *full* state dicts, gathered one tensor at a time and written by
-rank 0 in the same file as DDP (`weights.safetensors` keyed like an unsharded model, so the
-evaluation code and the export read it unchanged), and *sharded* AdamW state: each rank writes
-its own shard (`optimizer-rank-R.pt`) instead of `optimizer.pt`, so the largest state (2x the
-weights) is never gathered. Resuming slices the weights and reads each shard back into the
-same sharding (the world size is fixed across a resume anyway), so a resumed run continues
-bit for bit. Rank 0 holds one copy of the weights while it writes them, as DDP does.
+Checkpoints (trainer.checkpoint) go through torch.distributed.checkpoint for both strategies:
+`checkpoint_state` is get_state_dict's {model, optimizer} (under FSDP each rank's shards, so
+no rank gathers the model; under DDP the replicated tensors, which DCP writes once, spread over
+the ranks), the weights renamed as trainable_state_dict names them. DCP reshards on load, so a
+checkpoint resumes at another world size or strategy. The v1 loaders (`load_trainable_state`,
+`load_optimizer`) stay for checkpoints written before. The final export of a sharded full
+model is written without gathering it on one rank (trainer.dtensors.write_sharded_export).
+
+HSDP (`parallelism.hsdp`, with `nodes`): the mesh is 2-D, (nodes, processes per node) named
+("replicate", "shard"): each node holds one sharded copy, gradients are reduce-scattered
+within a node and all-reduced across nodes.
 
 Forward passes of a sharded model are collective (each layer all-gathers its weights), so
 every rank must run the same number of forwards in the same order: batches take one layout on
@@ -52,15 +56,21 @@ from trainer.dtensors import (  # noqa: F401 (re-exported)
     _is_dtensor,
     _local,
     _unique_keys,
+    write_sharded_export,
 )
 from trainer.modeling import (
     activation_checkpointing,
     load_trainable_state_dict,
     save_pretrained_weights,
-    trainable_state_dict,
 )
 
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+HSDP_DIMS = ("replicate", "shard")
+
+
+def _plain(optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer under accelerate's wrapper (DCP's state-dict helpers want it)."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 class Replicated:
@@ -108,18 +118,38 @@ class Replicated:
     def clip_grad_norm_(self, params: list[Tensor], max_norm: float) -> Tensor:
         return self.acc.clip_grad_norm_(params, max_norm)
 
-    def trainable_state(self, model: nn.Module) -> dict[str, Tensor] | None:
-        """Rank 0: CPU copies of the trainable weights (trainer.modeling.trainable_state_dict's
-        keys); other ranks: None."""
-        return trainable_state_dict(self.unwrap(model)) if self.acc.is_main_process else None
+    def checkpoint_state(self, model: nn.Module, optimizer) -> dict:
+        """{"model": trainable weights by trainable_state_dict's names, "optim": AdamW state}
+        as torch.distributed.checkpoint's get_state_dict gives them: this rank's shards under
+        FSDP (nothing gathered), the tensors themselves under DDP. What DCP saves and loads."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(ignore_frozen_params=True)
+        weights, optim = get_state_dict(model, _plain(optimizer), options=options)
+        keys = _checkpoint_keys(self.unwrap(model))
+        return {"model": {keys[k]: v for k, v in weights.items() if k in keys}, "optim": optim}
+
+    def load_checkpoint_state(self, model: nn.Module, optimizer, state: dict) -> None:
+        """Put `state` (checkpoint_state's layout, loaded by DCP) into the model and optimizer."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        keys = _checkpoint_keys(self.unwrap(model))
+        names = {name: key for key, name in keys.items()}
+        if state["model"].keys() != names.keys():
+            raise ValueError("the checkpoint's weights do not match the model")
+        weights = {names[k]: v for k, v in state["model"].items()}
+        # strict=False forgives only the tied aliases checkpoint_state leaves out
+        options = StateDictOptions(ignore_frozen_params=True, strict=False)
+        set_state_dict(
+            model,
+            _plain(optimizer),
+            model_state_dict=weights,
+            optim_state_dict=state["optim"],
+            options=options,
+        )
 
     def load_trainable_state(self, model: nn.Module, state: dict[str, Tensor]) -> None:
         load_trainable_state_dict(self.unwrap(model), state)
-
-    def save_optimizer(self, optimizer, directory: Path) -> None:
-        """Rank 0 writes `optimizer.pt` (every rank holds the same state)."""
-        if self.acc.is_main_process:
-            torch.save(optimizer.state_dict(), directory / "optimizer.pt")
 
     def load_optimizer(self, optimizer, directory: Path) -> None:
         optimizer.load_state_dict(load_state(directory / "optimizer.pt"))
@@ -154,7 +184,16 @@ class Sharded(Replicated):
         if self.own_group:  # started alone: a one-process group on this device
             backend = "nccl" if accelerator.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        self.mesh = init_device_mesh(accelerator.device.type, (dist.get_world_size(),))
+        world = dist.get_world_size()
+        if getattr(config, "hsdp", False):  # shard within a node, replicate across nodes
+            nodes = int(getattr(config, "nodes", 1) or 1)
+            if world % nodes:
+                raise ValueError(f"hsdp: {world} processes do not split into {nodes} nodes")
+            self.mesh = init_device_mesh(
+                accelerator.device.type, (nodes, world // nodes), mesh_dim_names=HSDP_DIMS
+            )
+        else:
+            self.mesh = init_device_mesh(accelerator.device.type, (world,))
 
     # ---- wrapping ----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -188,11 +227,7 @@ class Sharded(Replicated):
         return _full(norm)
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def trainable_state(self, model: nn.Module) -> dict[str, Tensor] | None:
-        keys = _checkpoint_keys(model)
-        full = self._gather(model, keys)
-        return None if full is None else {keys[k]: v for k, v in full.items()}
-
+    # ---- format 1 checkpoints (trainer.checkpoint._load_v1) -------------------------------
     def load_trainable_state(self, model: nn.Module, state: dict[str, Tensor]) -> None:
         keys = _checkpoint_keys(model)
         missing, unexpected = set(keys.values()) - state.keys(), state.keys() - set(keys.values())
@@ -205,15 +240,6 @@ class Sharded(Replicated):
         with torch.no_grad():
             for module_key, key in keys.items():
                 _set_full(params[module_key], state[key])
-
-    def save_optimizer(self, optimizer, directory: Path) -> None:
-        """Each rank writes its own shard of the AdamW state (`optimizer-rank-R.pt`, plain
-        tensors): nothing is gathered, and the same sharding reads it back exactly."""
-        state = optimizer.state_dict()
-        state["state"] = {
-            i: {k: _local(v).cpu() for k, v in s.items()} for i, s in state["state"].items()
-        }
-        torch.save(state, directory / f"optimizer-rank-{self.acc.process_index}.pt")
 
     def load_optimizer(self, optimizer, directory: Path) -> None:
         from torch.distributed.tensor import DTensor
@@ -260,9 +286,13 @@ class Sharded(Replicated):
         return clone
 
     def export(self, model: nn.Module, tokenizer, out_dir) -> None:
+        """Full weights: each tensor gathered in turn and kept by one owner rank, which writes
+        its share as one file of a sharded safetensors export (no rank holds the model). An
+        adapter (small) is gathered for rank 0 to write as peft does."""
+        if not isinstance(model, PeftModel):
+            write_sharded_export(model, tokenizer, Path(out_dir), self.acc)
+            return
         keys = _checkpoint_keys(model)
-        if not isinstance(model, PeftModel):  # the export keeps every weight, not just trainable
-            keys = {k: k for k in _unique_keys(model)}
         full = self._gather(model, keys)
         if full is not None:
             save_pretrained_weights(model, tokenizer, out_dir, state_dict=full)

@@ -10,7 +10,6 @@ trainer.distributed) and on GPUs.
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -96,11 +95,19 @@ def _accelerator(on_gpu: bool, mixed: str) -> Accelerator:
 
 class Trainer:
     def __init__(
-        self, spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True
+        self,
+        spec: JobSpec,
+        out_dir: Path,
+        *,
+        resume: bool = False,
+        progress: bool = True,
+        checkpoints: str | Path | None = None,
     ):
         # ---- setup -------------------------------------------------------------------------
         self.spec, self.progress = spec, progress
         self.out_dir = Path(out_dir)
+        # the checkpoint root: OUT/checkpoints, or a directory or fsspec URL shared by the ranks
+        self.checkpoints = checkpoints or checkpoint.checkpoint_dir(self.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # fp32 master weights; the forward autocasts to bf16 (GPU or CPU) or fp16 (GPU only;
         # CPUs have no fast fp16 kernels) as the spec asks (see load_policy)
@@ -198,9 +205,10 @@ class Trainer:
 
         # ---- resume, or step 0 ----------------------------------------------------------------
         self.start = 0
-        last = checkpoint.latest(self.out_dir) if resume else None
+        last = checkpoint.latest(self.checkpoints) if resume else None
         if last is not None:
-            state = json.loads((last.path / CHECKPOINT_STATE_FILE).read_text())
+            state = checkpoint.read_json(last.path, CHECKPOINT_STATE_FILE)
+            checkpoint.check_position(state, last.step, spec.examples_per_batch)
             # the split the checkpoint's pending reference rows were read with (before rows were
             # keyed, trainer.reference.Lookahead); the run goes on with this run's own choice
             self.data.set_accum(state.get("grad_accum") or spec.grad_accum or 1)
@@ -460,17 +468,27 @@ class Trainer:
 
     def save(self, step: int) -> None:
         ck = checkpoint.save(
-            self.out_dir,
+            self.checkpoints,
             step,
             **self._state(),
             spec_json=self.spec.model_dump_json(indent=2),
-            extra={"total_steps": self.total, "grad_accum": self.data.accum},
+            extra={
+                "total_steps": self.total,
+                "grad_accum": self.data.accum,
+                "global_sample": checkpoint.global_sample(step, self.spec.examples_per_batch),
+            },
         )
         self.log.event(CHECKPOINT_EVENT, f"checkpoint at step {step}", step=step, path=str(ck.path))
 
 
 def train(
-    spec: JobSpec, out_dir: Path, *, resume: bool = False, progress: bool = True
+    spec: JobSpec,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    checkpoints: str | Path | None = None,
 ) -> RunResult:
-    """Run a spec to completion (or to a stop request) in `out_dir`."""
-    return Trainer(spec, out_dir, resume=resume, progress=progress).run()
+    """Run a spec to completion (or to a stop request) in `out_dir`; checkpoints under
+    `checkpoints` (a directory or an fsspec URL; default `out_dir/checkpoints`)."""
+    return Trainer(spec, out_dir, resume=resume, progress=progress, checkpoints=checkpoints).run()
