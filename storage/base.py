@@ -125,6 +125,20 @@ def _dir_prefix(prefix: str) -> str:
     return prefix if prefix.endswith("/") else prefix + "/"
 
 
+def _local_manifest(root: Path) -> dict[str, int] | None:
+    """{relative path: size} of the local `_COMPLETE` manifest in `root`; None without one."""
+    marker = root / COMPLETE_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        doc = json.loads(marker.read_bytes())
+        return {_check_relpath(str(f["path"])): int(f["size"]) for f in doc["files"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{root} holds a file named {COMPLETE_MARKER} that is not a checkpoint manifest"
+        ) from exc
+
+
 def _check_relpath(rel: str) -> str:
     """A manifest entry: a relative '/'-path with no way out of the directory."""
     check_key(rel)
@@ -211,11 +225,17 @@ class StoreBase:
         torn one. Re-uploading a prefix first removes its marker (so the old checkpoint stops
         being "complete" before any file of it is overwritten) and then its objects (so files
         of an earlier, torn attempt cannot mix in).
+
+        A directory committed by a local `_COMPLETE` of its own (the trainer's checkpoints, a
+        downloaded checkpoint) uploads exactly the files its manifest lists, sizes checked;
+        the local marker is not uploaded as data (the store's marker is written last, as
+        always). A local `_COMPLETE` that is not such a manifest is refused (ValueError).
         """
         prefix = _dir_prefix(prefix)
         root = Path(local_dir)
         if not root.is_dir():
             raise NotADirectoryError(f"not a directory: {root}")
+        committed = _local_manifest(root)
         files: list[tuple[str, Path]] = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
@@ -224,7 +244,13 @@ class StoreBase:
                 if not path.is_file():  # sockets, fifos, dangling links
                     continue
                 rel = path.relative_to(root).as_posix()
+                if committed is not None and (rel == COMPLETE_MARKER or rel not in committed):
+                    continue  # the local marker, or a file written after the commit
                 files.append((_check_relpath(rel), path))
+        if committed is not None:
+            sizes = {rel: path.stat().st_size for rel, path in files}
+            if sizes != committed:
+                raise ValueError(f"{root} does not hold the files its {COMPLETE_MARKER} lists")
 
         self.delete(prefix + COMPLETE_MARKER)
         self.delete_prefix(prefix)
@@ -270,8 +296,10 @@ class StoreBase:
             return False
         return True
 
-    def download_dir(self, prefix: str, local_dir: Path) -> None:
-        """Download the complete checkpoint at `prefix` into `local_dir`.
+    def download_dir(self, prefix: str, local_dir: Path, *, keep_marker: bool = False) -> None:
+        """Download the complete checkpoint at `prefix` into `local_dir`; with `keep_marker`,
+        its manifest is written last as `local_dir/_COMPLETE` (the local commit marker a
+        trainer resuming from the directory looks for).
 
         Refuses (IncompleteCheckpointError) a prefix without marker or whose objects do not
         match the manifest. Files are staged in a sibling temporary directory and moved into
@@ -303,5 +331,9 @@ class StoreBase:
                 final = dest / rel
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(staging / rel, final)
+            if keep_marker:
+                files = [{"path": rel, "size": size} for rel, size in entries]
+                marker = json.dumps({"version": _MANIFEST_VERSION, "files": files})
+                (dest / COMPLETE_MARKER).write_text(marker)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

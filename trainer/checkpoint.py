@@ -46,6 +46,7 @@ import io
 import json
 import pickle
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -53,6 +54,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 from numpy._core.multiarray import _reconstruct as np_reconstruct
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint._nested_dict import set_element
 
 from contract.runs import (
     CHECKPOINT_FORMAT,
@@ -260,9 +263,13 @@ def load(
 
     state = read_json(ckpt.path, CHECKPOINT_STATE_FILE)
     if state.get("format", 1) == 1:
-        return _load_v1(ckpt, state, accelerator, parallel, model, optimizer, scheduler, reference, data)
+        return _load_v1(
+            ckpt, state, accelerator, parallel, model, optimizer, scheduler, reference, data
+        )
     if state["format"] != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {ckpt.path} has format {state['format']}; this trainer reads 1 and 2")
+        raise ValueError(
+            f"checkpoint {ckpt.path} has format {state['format']}; this trainer reads 1 and 2"
+        )
     acc = accelerator
     target = parallel.checkpoint_state(model, optimizer)
     reader = ckptio.storage_reader(ckpt.path)
@@ -278,31 +285,26 @@ def load(
         rows = [
             row
             for r in range(saved_world)
-            for row in _load_bytes(ckptio.join(ckpt.path, f"rank-{r}.pt"))["reference"].get("rows", [])
+            for row in _load_bytes(ckptio.join(ckpt.path, f"rank-{r}.pt"))["reference"].get(
+                "rows", []
+            )
         ]
         reference.load_state_dict({"rows": rows})
     _set_rng_state(own["rng"])
     return state
 
 
-class SafeLoadPlanner:
+class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, reading byte entries (the optimizer's param groups) with
     load_state instead of DCP's torch.load(weights_only=False)."""
 
-    def __new__(cls):
-        from torch.distributed.checkpoint import DefaultLoadPlanner
-
-        class _Planner(DefaultLoadPlanner):
-            def load_bytes(self, read_item, value) -> None:
-                obj = load_state(read_item.dest_index.fqn, value)
-                if self.flatten_state_dict:
-                    from torch.distributed.checkpoint._nested_dict import set_element
-
-                    set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-                else:
-                    self.state_dict[read_item.dest_index.fqn] = obj
-
-        return _Planner()
+    def load_bytes(self, read_item, value) -> None:
+        fqn = read_item.dest_index.fqn
+        obj = load_state(fqn, value)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
 
 
 def read_weights(path: Root) -> dict[str, torch.Tensor]:
@@ -312,8 +314,7 @@ def read_weights(path: Root) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    state = read_json(path, CHECKPOINT_STATE_FILE)
-    if state.get("format", 1) == 1:
+    if not ckptio.exists(ckptio.join(path, ".metadata")):  # format 1
         from safetensors.torch import load
 
         from contract.runs import CHECKPOINT_WEIGHTS_FILE
@@ -326,12 +327,23 @@ def read_weights(path: Root) -> dict[str, torch.Tensor]:
         for key, md in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }
-    dcp.load(flat, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that it reads as one process, as asked
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(flat, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     return {key.removeprefix("model."): value for key, value in flat.items()}
 
 
 def _load_v1(
-    ckpt: Checkpoint, state, accelerator, parallel, model, optimizer, scheduler, reference, data
+    ckpt: Checkpoint,
+    state: dict,
+    accelerator,
+    *,
+    parallel,
+    model,
+    optimizer,
+    scheduler,
+    reference,
+    data,
 ) -> dict:
     """A format 1 checkpoint (written before DCP): same world size and parallelism only (its
     optimizer state is laid out per rank)."""

@@ -19,11 +19,14 @@ def _is_dtensor(t) -> bool:
 
     return isinstance(t, DTensor)
 
+
 def _full(t: Tensor) -> Tensor:
     return t.full_tensor() if _is_dtensor(t) else t
 
+
 def _local(t: Tensor) -> Tensor:
     return t.to_local() if _is_dtensor(t) else t
+
 
 def _unique_keys(model: nn.Module) -> list[str]:
     """State-dict keys, each tensor once (a tied head appears under its first name only)."""
@@ -34,6 +37,7 @@ def _unique_keys(model: nn.Module) -> list[str]:
             seen.add(id(value))
             keys.append(key)
     return keys
+
 
 def _checkpoint_keys(model: nn.Module) -> dict[str, str]:
     """{module state-dict key: key in trainable_state_dict} without touching any tensor:

@@ -47,7 +47,7 @@ def download_checkpoint(a: Attempt) -> int | None:
     for step, prefix in rows:
         dest = a.run_dir / CHECKPOINTS_DIR / checkpoint_dir_name(step)
         try:
-            a.store.download_dir(prefix, dest)
+            a.store.download_dir(prefix, dest, keep_marker=True)  # committed for the trainer
         except IncompleteCheckpointError as exc:
             a.warn(f"checkpoint at step {step} is unusable ({exc}); trying an older one")
             continue

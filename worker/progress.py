@@ -150,9 +150,9 @@ class RunProgress:
         if not root.is_dir():
             return []
         found = []
-        for p in root.iterdir():  # `step-N` is complete (the trainer renames step-N.tmp)
+        for p in root.iterdir():  # `step-N` is complete once the trainer wrote its marker
             step = checkpoint_step(p.name)
-            if step is not None and p.is_dir():
+            if step is not None and (p / COMPLETE_MARKER).is_file():
                 found.append((step, p))
         return sorted(found)
 

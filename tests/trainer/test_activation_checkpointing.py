@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainer.conftest import moved_policy
+from trainer.checkpoint import read_weights
 from trainer.logps import token_logps
 from trainer.modeling import activation_checkpointing, apply_model_options
 from trainer.modeling.layers import decoder_layers
@@ -133,7 +134,7 @@ def _metrics(out: Path) -> list[dict]:
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(out / "checkpoints" / f"step-{step}" / "weights.safetensors")
+    return read_weights(out / "checkpoints" / f"step-{step}")
 
 
 def _fsdp(spec):

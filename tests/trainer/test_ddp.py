@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from trainer.checkpoint import read_weights
 from worker.launch import trainer_command
 from worker.routing import Placement, trainer_env
 
@@ -20,7 +20,7 @@ def _run(cmd, out: Path, env: dict | None = None):
     env = {**(env or os.environ), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return load_file(out / "checkpoints" / "step-4" / "weights.safetensors")
+    return read_weights(out / "checkpoints" / "step-4")
 
 
 def _world_size(out: Path) -> int:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from contract.spec import JobSpec
+from trainer.checkpoint import read_weights
 from trainer.train import train
 from worker.launch import trainer_command
 from worker.routing import Placement, trainer_env
@@ -25,7 +25,7 @@ LORA = {"kind": "lora", "r": 4, "alpha": 8}
 
 
 def weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(out / "checkpoints" / f"step-{step}" / "weights.safetensors")
+    return read_weights(out / "checkpoints" / f"step-{step}")
 
 
 def metrics(out: Path) -> list[dict]:

@@ -19,6 +19,7 @@ from contract.micro_batch import choose_micro_batch
 from contract.runs import MICRO_BATCH_FILE
 from trainer import memory as trainer_memory
 from trainer import train as train_module
+from trainer.checkpoint import read_weights
 from trainer.train import train
 from worker.launch import trainer_command
 from worker.routing import Placement, trainer_env
@@ -36,10 +37,8 @@ def losses(out: Path) -> list[float]:
 
 
 def weights(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     steps = sorted((out / "checkpoints").iterdir(), key=lambda p: int(p.name.split("-")[1]))
-    return load_file(steps[-1] / "weights.safetensors")
+    return read_weights(steps[-1])
 
 
 def assert_same_run(a: Path, b: Path, atol: float = 1e-6) -> None:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import trainer.train as train_mod
 from contract.spec import JobSpec
+from trainer.checkpoint import read_weights
 from trainer.logps import token_logps
 from trainer.modeling import load_trainable_state_dict
 from trainer.synthetic import write_jsonl
@@ -137,8 +137,8 @@ def test_online_resume_mid_round_is_bitwise_identical(tmp_path, prompt_file, rew
     assert train_mod.train(spec, part, progress=False).step == 1  # stops inside round 0
     (part / "STOP").unlink()
     assert train_mod.train(spec, part, resume=True, progress=False).step == 4
-    a = load_file(tmp_path / "full" / "checkpoints" / "step-4" / "weights.safetensors")
-    b = load_file(part / "checkpoints" / "step-4" / "weights.safetensors")
+    a = read_weights(tmp_path / "full" / "checkpoints" / "step-4")
+    b = read_weights(part / "checkpoints" / "step-4")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -14,6 +14,7 @@ import torch
 from contract.spec import JobSpec
 from tests.trainer.conftest import moved_policy
 from trainer import reference as reference_module
+from trainer.checkpoint import read_weights
 from trainer.logps import token_logps
 from trainer.losses.sft import sft_loss
 from trainer.sft_data import as_messages, collate_packed, conversation_seq
@@ -273,7 +274,6 @@ def test_sft_trains_and_packing_changes_nothing(tmp_path, sft_file, no_reference
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_sft_resume_is_bitwise_identical(tmp_path, sft_file, lora, no_reference_model):
-    from safetensors.torch import load_file
 
     adapter = {"kind": "lora", "r": 4, "alpha": 8} if lora else {"kind": "none"}
     spec = _spec(sft_file, max_steps=5, checkpoint_every=2, adapter=adapter)
@@ -284,8 +284,8 @@ def test_sft_resume_is_bitwise_identical(tmp_path, sft_file, lora, no_reference_
     assert train(spec, part, progress=False).status == "stopped"
     (part / "STOP").unlink()
     assert train(spec, part, resume=True, progress=False).step == 5
-    a = load_file(full / "checkpoints" / "step-5" / "weights.safetensors")
-    b = load_file(part / "checkpoints" / "step-5" / "weights.safetensors")
+    a = read_weights(full / "checkpoints" / "step-5")
+    b = read_weights(part / "checkpoints" / "step-5")
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -299,9 +299,8 @@ def _fsdp(spec: JobSpec) -> JobSpec:
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
 
-    return load_file(out / "checkpoints" / f"step-{step}" / "weights.safetensors")
+    return read_weights(out / "checkpoints" / f"step-{step}")
 
 
 def test_one_process_fsdp_equals_the_plain_run(tmp_path, sft_file):

@@ -2,14 +2,15 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
+from trainer.checkpoint import read_weights
 from trainer.train import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,7 +21,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def weights(out: Path, step: int) -> dict:
-    return load_file(out / "checkpoints" / f"step-{step}" / "weights.safetensors")
+    return read_weights(out / "checkpoints" / f"step-{step}")
 
 
 @pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
@@ -89,8 +90,10 @@ def test_resume_is_bitwise_identical(tmp_path, make_spec, lora, variant):
     first = train(spec, part, progress=False)
     assert first.status == "stopped" and first.step == 1
     (part / "STOP").unlink()
-    # a torn checkpoint (crash mid-write) must be ignored on resume
+    # torn checkpoints (a crash mid-write: no _COMPLETE marker) must be ignored on resume
     (part / "checkpoints" / "step-99.tmp").mkdir()
+    shutil.copytree(part / "checkpoints" / "step-1", part / "checkpoints" / "step-5")
+    (part / "checkpoints" / "step-5" / "_COMPLETE").unlink()
     second = train(spec, part, resume=True, progress=False)
     assert second.status == "succeeded" and second.step == 6
     a, b = weights(full, 6), weights(part, 6)

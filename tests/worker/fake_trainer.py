@@ -28,6 +28,9 @@ event() {
 checkpoint() {
     mkdir -p "$run/checkpoints/step-$1.tmp"
     printf '{"step": %s, "world_size": 1}' "$1" > "$run/checkpoints/step-$1.tmp/state.json"
+    n=$(wc -c < "$run/checkpoints/step-$1.tmp/state.json")  # committed: the manifest, last
+    printf '{"version": 1, "files": [{"path": "state.json", "size": %s}]}' $n \
+        > "$run/checkpoints/step-$1.tmp/_COMPLETE"
     mv "$run/checkpoints/step-$1.tmp" "$run/checkpoints/step-$1"
     event checkpoint "checkpoint at step $1" "$1"
 }

@@ -38,6 +38,9 @@ while [ "$step" -le "$STEPS" ]; do
         mkdir -p "$run/checkpoints/step-$step.tmp"
         printf '{"step": %s, "world_size": 1}' "$step" \\
             > "$run/checkpoints/step-$step.tmp/state.json"
+        n=$(wc -c < "$run/checkpoints/step-$step.tmp/state.json")  # the commit marker, last
+        printf '{"version": 1, "files": [{"path": "state.json", "size": %s}]}' $n \\
+            > "$run/checkpoints/step-$step.tmp/_COMPLETE"
         mv "$run/checkpoints/step-$step.tmp" "$run/checkpoints/step-$step"
     fi
     [ -e "$run/STOP" ] && exit 3

@@ -131,6 +131,11 @@ printf '{"step": 1, "time": 0, "loss": 0.69}\\n' >> "$run/metrics.jsonl"
 mkdir -p "$run/checkpoints/step-1.tmp"
 cp "$4" "$run/checkpoints/step-1.tmp/spec.json"   # as trainer.checkpoint.save writes the spec
 printf '{"step": 1, "world_size": 1}' > "$run/checkpoints/step-1.tmp/state.json"
+a=$(wc -c < "$run/checkpoints/step-1.tmp/spec.json")
+b=$(wc -c < "$run/checkpoints/step-1.tmp/state.json")
+printf '{"version": 1, "files": [{"path": "spec.json", "size": %s}, ' $a \\
+    > "$run/checkpoints/step-1.tmp/_COMPLETE"
+printf '{"path": "state.json", "size": %s}]}' $b >> "$run/checkpoints/step-1.tmp/_COMPLETE"
 mv "$run/checkpoints/step-1.tmp" "$run/checkpoints/step-1"
 printf '{"time": 0, "kind": "checkpoint", "message": "at step 1", ' >> "$run/events.jsonl"
 printf '"data": {"step": 1, "path": "%s"}}\\n' "$run/checkpoints/step-1" >> "$run/events.jsonl"

@@ -7,8 +7,8 @@ A model source is a small dict (it travels in the evaluation's config JSON):
         run, either a peft adapter dir (adapter_config.json; the base comes from `base_model`,
         else from the adapter config) or a full model dir (config.json)
     {"type": "checkpoint", "path": DIR}                     a training checkpoint `step-N/`
-        (weights.safetensors + spec.json): the spec's base model, LoRA-wrapped as trained,
-        with the checkpoint's trainable weights loaded
+        (DCP shards or weights.safetensors, + spec.json): the spec's base model, LoRA-wrapped
+        as trained, with the checkpoint's trainable weights (trainer.checkpoint.read_weights)
 
 Sampling goes through trainer.sampling (the engines online training uses), so prompts are
 rendered exactly as training renders them and decoding stops at the same tokens.
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from contract.runs import CHECKPOINT_SPEC_FILE, CHECKPOINT_WEIGHTS_FILE
+from contract.runs import CHECKPOINT_SPEC_FILE
 from contract.spec import JobSpec
 from trainer.modeling import load_policy, load_tokenizer, load_trainable_state_dict, resolve_model
 from trainer.sampling import Engine
@@ -93,14 +93,14 @@ def load_model(
         else:
             raise ValueError(f"{path} holds neither adapter_config.json nor config.json")
     elif kind == "checkpoint":
-        from safetensors.torch import load_file
+        from trainer.checkpoint import read_weights
 
         path = Path(source["path"])
         spec = JobSpec.model_validate_json((path / CHECKPOINT_SPEC_FILE).read_text())
         model_dir = resolve_model(spec.base_model)
         tokenizer = load_tokenizer(model_dir)
         model = load_policy(spec, model_dir)
-        load_trainable_state_dict(model, load_file(path / CHECKPOINT_WEIGHTS_FILE))
+        load_trainable_state_dict(model, read_weights(path))  # DCP or format 1
         if hasattr(model, "merge_and_unload"):
             model = model.merge_and_unload()
         model = model.to(_dtype(dev))
