@@ -47,6 +47,8 @@ import json
 import pickle
 import random
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -193,11 +195,12 @@ def save(
     if acc.is_main_process:
         ckptio.remove_tree(path)  # a torn attempt at this step (never committed)
     acc.wait_for_everyone()
-    dcp.save(
-        parallel.checkpoint_state(model, optimizer),
-        storage_writer=ckptio.storage_writer(path),
-        no_dist=_alone(),
-    )
+    with _as_asked():
+        dcp.save(
+            parallel.checkpoint_state(model, optimizer),
+            storage_writer=ckptio.storage_writer(path),
+            no_dist=_alone(),
+        )
     rank = acc.process_index
     mine = {"rng": _rng_state(), "reference": reference.state_dict()}
     _save_bytes(ckptio.join(path, f"rank-{rank}.pt"), mine)
@@ -243,6 +246,14 @@ def _alone() -> bool:
     return not (dist.is_available() and dist.is_initialized())
 
 
+@contextmanager
+def _as_asked() -> Iterator[None]:
+    """Without DCP's warning that it reads or writes as one process: what we asked for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
 def commit(path: Root) -> None:
     """Write `path`'s COMPLETE_MARKER: the manifest of every file under it (storage.base's
     upload_dir format). Call it once every file is written."""
@@ -264,7 +275,15 @@ def load(
     state = read_json(ckpt.path, CHECKPOINT_STATE_FILE)
     if state.get("format", 1) == 1:
         return _load_v1(
-            ckpt, state, accelerator, parallel, model, optimizer, scheduler, reference, data
+            ckpt,
+            state,
+            accelerator,
+            parallel=parallel,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            reference=reference,
+            data=data,
         )
     if state["format"] != CHECKPOINT_FORMAT:
         raise ValueError(
@@ -273,7 +292,9 @@ def load(
     acc = accelerator
     target = parallel.checkpoint_state(model, optimizer)
     reader = ckptio.storage_reader(ckpt.path)
-    dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=_alone())
+    reader.read_metadata()  # UnsafeCheckpoint here, not wrapped in DCP's CheckpointException
+    with _as_asked():
+        dcp.load(target, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=_alone())
     parallel.load_checkpoint_state(model, optimizer, target)
     scheduler.load_state_dict(_load_bytes(ckptio.join(ckpt.path, "scheduler.pt")))
     data.load_state_dict(_load_bytes(ckptio.join(ckpt.path, "data.pt")))
@@ -327,8 +348,7 @@ def read_weights(path: Root) -> dict[str, torch.Tensor]:
         for key, md in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }
-    with warnings.catch_warnings():  # DCP warns that it reads as one process, as asked
-        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+    with _as_asked():
         dcp.load(flat, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     return {key.removeprefix("model."): value for key, value in flat.items()}
 

@@ -65,7 +65,7 @@ def test_resume_refuses_a_checkpoint_holding_a_hostile_pickle(tmp_path, make_spe
     spec = make_spec(max_steps=2, checkpoint_every=1, quality_sample=0)
     out = tmp_path / "run"
     assert train(spec, out, progress=False).status == "succeeded"
-    last = checkpoint.latest(out)
+    last = checkpoint.latest(out / "checkpoints")
     assert last is not None and last.step == 2
     # The genuine state (it loads, RNG as plain data) with a payload slipped in.
     rank = last.path / "rank-0.pt"
@@ -79,9 +79,22 @@ def test_resume_refuses_a_checkpoint_holding_a_hostile_pickle(tmp_path, make_spe
     assert "os.system" in str(refused.value) or "posix.system" in str(refused.value)
     assert not marker.exists()
 
-    # The optimizer and scheduler files go through the same check.
-    torch.save({"state": {}, "x": Payload(marker)}, last.path / "optimizer.pt")
+    # The scheduler and data files go through the same check.
     torch.save(state, rank)
-    with pytest.raises(UnsafeCheckpoint, match="optimizer.pt"):
+    for name in ("scheduler.pt", "data.pt"):
+        good = (last.path / name).read_bytes()
+        torch.save({"x": Payload(marker)}, last.path / name)
+        with pytest.raises(UnsafeCheckpoint, match=name):
+            train(spec, out, resume=True, progress=False)
+        assert not marker.exists()
+        (last.path / name).write_bytes(good)
+
+    # DCP's own metadata is a pickle: read by a restricted unpickler, never run
+    import pickle
+
+    (last.path / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(UnsafeCheckpoint, match="posix.system|os.system"):
         train(spec, out, resume=True, progress=False)
+    with pytest.raises(UnsafeCheckpoint):
+        checkpoint.read_weights(last.path)  # an evaluation's read, too
     assert not marker.exists()

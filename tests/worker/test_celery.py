@@ -24,6 +24,7 @@ from tests.worker.conftest import (
     trainer_pids,
     wait_for,
 )
+from trainer.checkpoint import read_weights
 
 pytestmark = pytest.mark.parametrize("db_backend", ["postgresql"], indirect=True)
 
@@ -69,7 +70,8 @@ def test_job_trains_end_to_end(stack, celery_workers, s3_server):
     keys = set(s3_server.list_all(stack.bucket))
     team_job = f"{job_id}/"
     for c in checkpoints:
-        assert "weights.safetensors" in c["files"] and c["bytes"] > 0
+        assert ".metadata" in c["files"] and c["bytes"] > 0  # DCP shards (trainer.checkpoint)
+        assert "_COMPLETE" not in c["files"]
         prefix = next(k for k in keys if k.endswith(f"{team_job}step-{c['step']}/_COMPLETE"))
         assert prefix
     final = job["result"]["final_model"]
@@ -77,12 +79,9 @@ def test_job_trains_end_to_end(stack, celery_workers, s3_server):
     assert final["prefix"] + "model.safetensors" in keys
     assert job["result"]["last_checkpoint_step"] == 6
 
-    fetched = presigned_checkpoint_file(
-        stack.client, stack.headers, job_id, 6, "weights.safetensors"
-    )
+    fetched = presigned_checkpoint_file(stack.client, stack.headers, job_id, 6, "state.json")
     assert fetched.status_code == 200
-    weights = load(fetched.content)
-    assert weights and all(t.dtype == torch.float32 for t in weights.values())
+    assert json.loads(fetched.content)["format"] == 2
 
     assert trainer_pids(job_id) == []
     assert not list(stack.work_dir.glob(f"{job_id}/*")), "run directory left behind"
@@ -157,13 +156,14 @@ def test_killed_worker_job_resumes_on_a_new_worker_bit_exactly(
     assert checkpoint_steps(stack.sessions, job_id) == list(range(every, steps + 1, every))
 
     assert reference.wait(timeout=120) == 0, reference.stderr.read().decode()[-3000:]
-    expected = load_file(ref_dir / "checkpoints" / f"step-{steps}" / "weights.safetensors")
+    expected = read_weights(ref_dir / "checkpoints" / f"step-{steps}")
     prefix = next(
         k
         for k in s3_server.list_all(stack.bucket)
         if k.endswith(f"{job_id}/step-{steps}/_COMPLETE")
     ).removesuffix("_COMPLETE")
-    got = load(stack.store.get_bytes(prefix + "weights.safetensors"))
+    stack.store.download_dir(prefix, tmp_path / "stored")
+    got = read_weights(tmp_path / "stored")
     assert got.keys() == expected.keys()
     for name in expected:
         assert torch.equal(got[name], expected[name]), name

@@ -245,6 +245,9 @@ def test_checkpoints_are_recorded_in_step_order(local):
         path = attempt.run_dir / "checkpoints" / f"step-{step}"
         path.mkdir(parents=True)
         (path / "state.json").write_text(json.dumps({"step": step, "world_size": 1}))
+        size = (path / "state.json").stat().st_size  # committed: the marker, last
+        files = [{"path": "state.json", "size": size}]
+        (path / "_COMPLETE").write_text(json.dumps({"version": 1, "files": files}))
 
     def event(kind: str, **data) -> None:
         with open(attempt.run_dir / "events.jsonl", "a") as fh:
