@@ -281,6 +281,30 @@ def test_upload_dir_refuses_marker_named_file(store: ObjectStore, tmp_path: Path
     assert store.list("") == []
 
 
+def test_a_locally_committed_dir_uploads_exactly_its_manifest(store: ObjectStore, tmp_path: Path):
+    """The trainer commits a checkpoint dir with a local `_COMPLETE` manifest (trainer.checkpoint):
+    the upload sends the files it lists, not the marker as data, and writes the store's marker
+    last; a download can keep the marker, so the copy is committed for a resume too."""
+    files = _make_checkpoint(tmp_path / "ckpt")
+    listed = [{"path": rel, "size": len(data)} for rel, data in files.items()]
+    marker = json.dumps({"version": 1, "files": listed})
+    (tmp_path / "ckpt" / COMPLETE_MARKER).write_text(marker)
+    (tmp_path / "ckpt" / "late.txt").write_bytes(b"written after the commit")
+    prefix = checkpoint_prefix("t1", "job1", 7)
+    keys = store.upload_dir(prefix, tmp_path / "ckpt")
+    assert keys[-1] == prefix + COMPLETE_MARKER
+    assert sorted(keys[:-1]) == sorted(prefix + rel for rel in files)
+    store.download_dir(prefix, tmp_path / "back", keep_marker=True)
+    back = _read_tree(tmp_path / "back")
+    assert json.loads(back.pop(COMPLETE_MARKER))["files"] == sorted(listed, key=lambda f: f["path"])
+    assert back == files
+    assert store.upload_dir(prefix, tmp_path / "back")[:-1] == keys[:-1]  # and up again
+
+    (tmp_path / "ckpt" / "empty.txt").write_bytes(b"changed after the commit")
+    with pytest.raises(ValueError, match="does not hold the files"):
+        store.upload_dir(prefix, tmp_path / "ckpt")
+
+
 # --- key checks at the store boundary -------------------------------------------------------
 @pytest.mark.parametrize(
     "key",
