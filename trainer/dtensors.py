@@ -65,8 +65,9 @@ def write_sharded_export(model: nn.Module, tokenizer, out_dir: Path, acc) -> Non
     """A plain HF directory of `model`'s full weights (a sharded FSDP model) written without
     gathering the model on one rank: every tensor is gathered in turn (a collective), kept
     only by its owner rank (`_owners`), and each rank writes its tensors as one file of a
-    sharded safetensors checkpoint (`model-0000R-of-0000N.safetensors`); rank 0 writes the
-    index (`model.safetensors.index.json`), the config and the tokenizer. Written under a
+    sharded safetensors checkpoint (`model-0000R-of-0000N.safetensors`; one process: one
+    `model.safetensors`); rank 0 writes the index (`model.safetensors.index.json`), the config
+    and the tokenizer. Written under a
     sibling `.NAME.tmp` and renamed by each node's first process once every rank is done
     (as trainer.modeling.save_pretrained_weights: `out_dir` must not hold files). Collective."""
     import torch.distributed as dist
@@ -76,9 +77,8 @@ def write_sharded_export(model: nn.Module, tokenizer, out_dir: Path, acc) -> Non
 
     out_dir = Path(out_dir)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if acc.is_local_main_process:
-        if out_dir.exists() and any(out_dir.iterdir()):
-            raise FileExistsError(f"{out_dir} already exists and is not empty")
+    if out_dir.exists() and any(out_dir.iterdir()):  # every rank that sees it: none waits
+        raise FileExistsError(f"{out_dir} already exists and is not empty")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     if acc.is_local_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -89,6 +89,8 @@ def write_sharded_export(model: nn.Module, tokenizer, out_dir: Path, acc) -> Non
     owners = _owners([params[k].numel() * params[k].element_size() for k in keys], world)
     used = sorted(set(owners))
     files = {r: f"model-{i + 1:05d}-of-{len(used):05d}.safetensors" for i, r in enumerate(used)}
+    if len(used) == 1:  # one process: one file, as save_pretrained writes a small model
+        files = {used[0]: "model.safetensors"}
     mine: dict[str, Tensor] = {}
     for key, owner in zip(keys, owners, strict=True):
         full = _full(params[key].detach())  # every rank joins each gather
@@ -98,13 +100,14 @@ def write_sharded_export(model: nn.Module, tokenizer, out_dir: Path, acc) -> Non
     if mine:
         save_file(mine, tmp / files[rank], metadata={"format": "pt"})
     del mine
-    if rank == 0:
+    if rank == 0 and len(used) > 1:
         total = sum(params[k].numel() * params[k].element_size() for k in keys)
         index = {
             "metadata": {"total_size": total},
             "weight_map": {k: files[o] for k, o in zip(keys, owners, strict=True)},
         }
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    if rank == 0:
         with _inference_config(model):
             model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
