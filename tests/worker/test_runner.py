@@ -241,10 +241,12 @@ def test_checkpoints_are_recorded_in_step_order(local):
     attempt = Attempt(_runner(local), job, "w-1")
     attempt.run_dir.mkdir(parents=True)
 
-    def checkpoint_dir(step: int) -> None:
+    def checkpoint_dir(step: int, commit: bool = True) -> None:
         path = attempt.run_dir / "checkpoints" / f"step-{step}"
-        path.mkdir(parents=True)
+        path.mkdir(parents=True, exist_ok=True)
         (path / "state.json").write_text(json.dumps({"step": step, "world_size": 1}))
+        if not commit:  # the trainer's ranks are still writing it
+            return
         size = (path / "state.json").stat().st_size  # committed: the marker, last
         files = [{"path": "state.json", "size": size}]
         (path / "_COMPLETE").write_text(json.dumps({"version": 1, "files": files}))
@@ -265,8 +267,10 @@ def test_checkpoints_are_recorded_in_step_order(local):
     attempt.sync()
     event("checkpoint", step=4)  # its directory shows up only after this sync looked
     event("warning")
+    checkpoint_dir(4, commit=False)  # written, not committed yet: not uploaded
     attempt.sync()
     assert history() == [("checkpoint", 2)]
+    assert not local.store.is_complete(f"{job.team_id}/{job_id}/step-4/")
     checkpoint_dir(4)
     checkpoint_dir(6)
     event("checkpoint", step=6)
