@@ -266,6 +266,19 @@ def commit(path: Root) -> None:
     ckptio.write_bytes(ckptio.join(path, COMPLETE_MARKER), json.dumps(manifest).encode())
 
 
+def publish(local: Path, root: Root, accelerator) -> None:
+    """Copy an export written under `local` to `root` (a directory or an fsspec URL) and
+    commit it there with its manifest (collective). Each node's first process copies what its
+    node wrote (ranks that share no disk each hold their own shards); rank 0 commits last."""
+    if accelerator.is_local_main_process:
+        for rel, _ in ckptio.list_files(local):
+            ckptio.write_bytes(ckptio.join(root, rel), (Path(local) / rel).read_bytes())
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        commit(root)
+    accelerator.wait_for_everyone()
+
+
 def load(
     ckpt: Checkpoint, *, accelerator, parallel, model, optimizer, scheduler, reference, data
 ) -> dict:
@@ -274,7 +287,9 @@ def load(
 
     state = read_json(ckpt.path, CHECKPOINT_STATE_FILE)
     if state.get("format", 1) == 1:
-        return _load_v1(
+        from trainer.checkpoint_v1 import load_v1
+
+        return load_v1(
             ckpt,
             state,
             accelerator,
@@ -351,44 +366,3 @@ def read_weights(path: Root) -> dict[str, torch.Tensor]:
     with _as_asked():
         dcp.load(flat, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     return {key.removeprefix("model."): value for key, value in flat.items()}
-
-
-def _load_v1(
-    ckpt: Checkpoint,
-    state: dict,
-    accelerator,
-    *,
-    parallel,
-    model,
-    optimizer,
-    scheduler,
-    reference,
-    data,
-) -> dict:
-    """A format 1 checkpoint (written before DCP): same world size and parallelism only (its
-    optimizer state is laid out per rank)."""
-    from safetensors.torch import load_file
-
-    from contract.runs import CHECKPOINT_WEIGHTS_FILE
-
-    if ckptio.is_url(ckpt.path):
-        raise ValueError(f"format 1 checkpoint {ckpt.path} resumes from a local directory only")
-    path = Path(ckpt.path)
-    if state["world_size"] != accelerator.num_processes:
-        raise ValueError(
-            f"checkpoint {path} (format 1) was written by {state['world_size']} processes; "
-            f"resume with the same number (got {accelerator.num_processes})"
-        )
-    if state.get("parallelism", "ddp") != parallel.name:  # their optimizer layouts differ
-        raise ValueError(
-            f"checkpoint {path} (format 1) was written with parallelism "
-            f"{state.get('parallelism', 'ddp')!r}; resume with the same (got {parallel.name!r})"
-        )
-    parallel.load_trainable_state(model, load_file(path / CHECKPOINT_WEIGHTS_FILE))
-    parallel.load_optimizer(optimizer, path)
-    scheduler.load_state_dict(load_state(path / "scheduler.pt"))
-    mine = load_state(path / f"rank-{accelerator.process_index}.pt")
-    reference.load_state_dict(mine["reference"])
-    data.load_state_dict(mine["data"])
-    _set_rng_state(mine["rng"])
-    return state

@@ -102,12 +102,14 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         checkpoints: str | Path | None = None,
+        final: str | None = None,
     ):
         # ---- setup -------------------------------------------------------------------------
         self.spec, self.progress = spec, progress
         self.out_dir = Path(out_dir)
         # the checkpoint root: OUT/checkpoints, or a directory or fsspec URL shared by the ranks
         self.checkpoints = checkpoints or checkpoint.checkpoint_dir(self.out_dir)
+        self.final = final  # an fsspec URL the export is published to (committed), if any
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # fp32 master weights; the forward autocasts to bf16 (GPU or CPU) or fp16 (GPU only;
         # CPUs have no fast fp16 kernels) as the spec asks (see load_policy)
@@ -445,6 +447,9 @@ class Trainer:
                 finish_export(
                     Path(final_dir), spec, steps=step, metrics=metrics, code_version=code_version()
                 )
+            if self.final is not None:  # each node's share of the export, then the marker
+                checkpoint.publish(Path(final_dir), self.final, acc)
+                final_dir = self.final
             final_dir = final_dir if acc.is_main_process else None
             acc.wait_for_everyone()
             log.event("finished", f"finished {self.total} steps", step=step)
@@ -488,7 +493,12 @@ def train(
     resume: bool = False,
     progress: bool = True,
     checkpoints: str | Path | None = None,
+    final: str | None = None,
 ) -> RunResult:
     """Run a spec to completion (or to a stop request) in `out_dir`; checkpoints under
-    `checkpoints` (a directory or an fsspec URL; default `out_dir/checkpoints`)."""
-    return Trainer(spec, out_dir, resume=resume, progress=progress, checkpoints=checkpoints).run()
+    `checkpoints` (a directory or an fsspec URL; default `out_dir/checkpoints`); the export in
+    `out_dir/final`, published to `final` (an fsspec URL) when given."""
+    trainer = Trainer(
+        spec, out_dir, resume=resume, progress=progress, checkpoints=checkpoints, final=final
+    )
+    return trainer.run()

@@ -69,8 +69,9 @@ def test_a_checkpoint_is_dcp_committed_last_and_torn_ones_are_never_resumed(tmp_
     )
 
 
-def test_a_url_root_resumes_bitwise(tmp_path, make_spec):
-    """An fsspec root (memory:// here; s3:// below): save, list, resume, read back."""
+def test_a_url_root_resumes_bitwise_and_the_export_is_published(tmp_path, make_spec):
+    """An fsspec root (memory:// here; s3:// below): save, list, resume, read back; the
+    export is written locally and published to its URL with a `_COMPLETE` manifest."""
     import fsspec
 
     spec = _spec(make_spec)
@@ -79,11 +80,24 @@ def test_a_url_root_resumes_bitwise(tmp_path, make_spec):
     assert not (tmp_path / "whole" / "checkpoints").exists()
     assert checkpoint.latest(f"{root}/whole").step == 4
     fs = fsspec.filesystem("memory")
-    fs.copy(
-        f"/ckpt-{tmp_path.name}/whole/step-2", f"/ckpt-{tmp_path.name}/part/step-2", recursive=True
+    base = f"/ckpt-{tmp_path.name}"
+    fs.copy(f"{base}/whole/step-2", f"{base}/part/step-2", recursive=True)
+    result = train(
+        spec,
+        tmp_path / "part",
+        resume=True,
+        progress=False,
+        checkpoints=f"{root}/part",
+        final=f"{root}/final",
     )
-    train(spec, tmp_path / "part", resume=True, progress=False, checkpoints=f"{root}/part")
     assert _equal(read_weights(f"{root}/whole/step-4"), read_weights(f"{root}/part/step-4"))
+    assert result.final_dir == f"{root}/final"
+    manifest = json.loads(fs.cat(f"{base}/final/_COMPLETE"))
+    local = tmp_path / "part" / "final"
+    assert {f["path"]: f["size"] for f in manifest["files"]} == {
+        p.name: p.stat().st_size for p in local.iterdir()
+    }
+    assert fs.cat(f"{base}/final/model.safetensors") == (local / "model.safetensors").read_bytes()
 
 
 def test_s3_root_ignores_an_uncommitted_checkpoint(tmp_path, make_spec, s3_server, monkeypatch):
