@@ -192,8 +192,11 @@ def save(
 
     acc = accelerator
     path = ckptio.join(root, checkpoint_dir_name(step))
-    if acc.is_main_process:
-        ckptio.remove_tree(path)  # a torn attempt at this step (never committed)
+    if acc.is_main_process:  # an earlier attempt at this step: uncommit it, then remove it
+        marker = ckptio.join(path, COMPLETE_MARKER)
+        if ckptio.exists(marker):
+            ckptio.remove_tree(marker)
+        ckptio.remove_tree(path)
     acc.wait_for_everyone()
     with _as_asked():
         dcp.save(

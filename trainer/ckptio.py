@@ -63,11 +63,14 @@ def exists(path: Root) -> bool:
 
 
 def remove_tree(path: Root) -> None:
+    """Remove a directory or a file (absent is fine)."""
     if is_url(path):
         fs = _fs(path)
         if fs.exists(str(path)):
             fs.rm(str(path), recursive=True)
         return
+    if Path(path).is_file():
+        Path(path).unlink()
     shutil.rmtree(path, ignore_errors=True)
 
 
