@@ -152,13 +152,22 @@ def _safe_metadata(reader, rank: int | None = None):
 
 
 def storage_writer(path: Root):
+    """DCP's writer for `path`, whose `.metadata` does not record where it was written (DCP
+    stores the checkpoint's path there: a server path the team would download)."""
     from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.metadata import StorageMeta
 
+    base = FileSystemWriter
     if is_url(path):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-        return FsspecWriter(str(path), sync_files=False)
-    return FileSystemWriter(str(path))
+        base = FsspecWriter
+
+    class Writer(base):  # type: ignore[misc,valid-type]
+        def storage_meta(self) -> StorageMeta | None:
+            return StorageMeta(checkpoint_id=None, save_id=self.save_id)
+
+    return Writer(str(path), sync_files=not is_url(path))
 
 
 def storage_reader(path: Root):
