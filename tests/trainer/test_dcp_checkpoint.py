@@ -12,6 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -184,3 +185,13 @@ def test_an_evaluation_loads_a_dcp_checkpoint(tmp_path, make_spec):
     final = load_model(source, device="cpu")[0]
     merged, exported = model.state_dict(), final.state_dict()
     assert all(torch.allclose(merged[k], exported[k]) for k in exported)
+
+
+def test_a_resume_with_another_batch_is_refused_at_the_global_sample_index(tmp_path, make_spec):
+    """The data position is a global sample index (step x examples per batch): a resume whose
+    batch would put the same step at another sample is refused, naming the position."""
+    spec = _spec(make_spec, max_steps=2)
+    train(spec, tmp_path / "run", progress=False)
+    other = spec.model_copy(update={"batch_size": 8, "max_steps": 4})
+    with pytest.raises(ValueError, match="global sample 8"):
+        train(other, tmp_path / "run", resume=True, progress=False)
