@@ -16,6 +16,7 @@ trainer knows nothing of the service. Everything they share is named here, once.
                                  reads its trainable weights (what an evaluation loads). Format 1
                                  dirs (weights.safetensors, optimizer.pt, rank-R.pt) still load.
     RUN_DIR/final/               the exported model of a finished run
+    RUN_DIR/heartbeat.json       multi-node only, in the --runlog URL (trainer.remote)
     RUN_DIR/STOP                 dropped by the worker: checkpoint at the next step boundary
                                  and exit with EXIT_STOPPED
 
@@ -50,6 +51,15 @@ MANIFEST_VERSION = 1
 CHECKPOINT_SPEC_FILE = "spec.json"
 FINAL_DIR = "final"
 CHECKPOINT_DIR_RE = re.compile(r"step-(0|[1-9][0-9]*)")
+
+# A multi-node run (trainer.remote): rank 0 mirrors these run files to its --runlog URL, and
+# HEARTBEAT_FILE ({"time", "step"}: the last logged step) with every mirror.
+HEARTBEAT_FILE = "heartbeat.json"
+RUN_LOG_FILES = (METRICS_FILE, EVENTS_FILE, DATA_QUALITY_FILE, RESULT_FILE)
+
+# Seconds any collective may wait for the other ranks before it fails (default 1800): what
+# turns a lost node into a clear error instead of a hang. Set by the ClusterTrainingRuntime.
+COLLECTIVE_TIMEOUT_ENV = "HUMANLINE_COLLECTIVE_TIMEOUT_S"
 
 EXIT_OK, EXIT_INVALID_SPEC, EXIT_STOPPED = 0, 2, 3
 # Out of memory with several processes: retry from the last checkpoint with half the

@@ -20,20 +20,41 @@ app = typer.Typer(
 
 @app.command()
 def run(
-    spec_path: Path = typer.Argument(
-        ..., exists=True, dir_okay=False, help="Job spec (YAML or JSON)."
+    spec_ref: str = typer.Argument(
+        ..., metavar="SPEC", help="Job spec (YAML or JSON): a path or an s3:// URL."
     ),
     out: Path = typer.Option(..., "--out", help="Run directory: metrics, events, checkpoints."),
     resume: bool = typer.Option(
-        False, "--resume", help="Continue from the newest checkpoint in --out."
+        False, "--resume", help="Continue from the newest committed checkpoint."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    checkpoints: str | None = typer.Option(
+        None, "--checkpoints", help="Checkpoint root: a directory or URL (default OUT/checkpoints)."
+    ),
+    final: str | None = typer.Option(
+        None, "--final", help="Where the exported model is published (a directory or URL)."
+    ),
+    runlog: str | None = typer.Option(
+        None, "--runlog", help="URL rank 0 mirrors its run log to (a rank with no shared disk)."
+    ),
 ) -> None:
-    """Train SPEC into OUT; with --resume continue from OUT's newest complete checkpoint."""
+    """Train SPEC into OUT; with --resume continue from the newest committed checkpoint."""
+    import contextlib
+    import os
+
     from pydantic import ValidationError
 
     from contract.spec import load_spec
+    from trainer.remote import RunLogMirror, localize_spec
 
+    try:
+        spec_path = localize_spec(spec_ref, out / "inputs")
+    except (OSError, ValueError) as exc:  # a missing spec or data object: not worth retrying
+        typer.echo(f"cannot read spec {spec_ref}: {exc}", err=True)
+        raise typer.Exit(EXIT_INVALID_SPEC) from None
+    if not spec_path.is_file():
+        typer.echo(f"invalid spec {spec_ref}: no such file", err=True)
+        raise typer.Exit(EXIT_INVALID_SPEC)
     try:
         spec = load_spec(spec_path)
     except ValidationError as exc:
@@ -42,8 +63,17 @@ def run(
     from trainer.memory import OutOfMemoryRetry
     from trainer.train import train  # torch: only once the spec is known to be valid
 
+    out.mkdir(parents=True, exist_ok=True)
+    mirror = (
+        RunLogMirror(out, runlog)
+        if runlog and os.environ.get("RANK", "0") == "0"
+        else contextlib.nullcontext()
+    )
     try:
-        result = train(spec, out, resume=resume, progress=progress)
+        with mirror:
+            result = train(
+                spec, out, resume=resume, progress=progress, checkpoints=checkpoints, final=final
+            )
     except OutOfMemoryRetry as exc:  # several processes: the next attempt splits the batch finer
         typer.echo(f"out of memory: {exc}", err=True)
         raise typer.Exit(EXIT_OUT_OF_MEMORY) from None

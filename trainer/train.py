@@ -10,10 +10,12 @@ trainer.distributed) and on GPUs.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,13 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from contract.memory import GiB
 from contract.runs import (
+    COLLECTIVE_TIMEOUT_ENV,
     CHECKPOINT_EVENT,
     CHECKPOINT_STATE_FILE,
     DATA_QUALITY_FILE,
@@ -85,7 +88,13 @@ def _accelerator(on_gpu: bool, mixed: str) -> Accelerator:
     # No buffer broadcast on every DDP forward: the model's buffers (rotary frequencies) never
     # change, and the broadcast is a collective, so ranks whose steps run different numbers of
     # forwards (shared prompts, KTO's mismatched rows, lookahead scoring) would deadlock.
-    handlers = [DistributedDataParallelKwargs(broadcast_buffers=False)]
+    # A bounded wait in every collective: a rank whose peer died (a lost node) fails with the
+    # backend's timeout error instead of hanging (contract.runs.COLLECTIVE_TIMEOUT_ENV).
+    timeout = timedelta(seconds=float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "1800")))
+    handlers = [
+        DistributedDataParallelKwargs(broadcast_buffers=False),
+        InitProcessGroupKwargs(timeout=timeout),
+    ]
     try:
         return Accelerator(cpu=not on_gpu, mixed_precision=mixed, kwargs_handlers=handlers)
     except ValueError:
