@@ -198,3 +198,46 @@ def test_fsdp_two_nodes_c10d_equal_one_process_and_survive_a_lost_node(
     assert all(torch.equal(same[k], uninterrupted[k]) for k in same)
     worst = max((other[k] - uninterrupted[k]).abs().max().item() for k in other)
     assert worst <= WORLD_CHANGE_ATOL, worst
+
+
+def test_a_checkpoint_torn_before_its_commit_is_swept(
+    store, make_spec, pref_file, tmp_path, db_sessions, s3_server
+):
+    """Every rank wrote its DCP shards to the store, the marker never came (a crash between the
+    shard writes and the commit): no resume takes it, and once the job is over and the grace
+    period past, the storage sweeper removes it and keeps the committed, recorded one."""
+    from models.tables import Checkpoint, Job
+    from models.teams import create_team
+    from storage.keys import checkpoint_prefix
+    from trainer import checkpoint
+    from trainer.train import train
+    from worker.sweeper import sweep
+
+    base, _, client, bucket = store
+    with db_sessions() as s:
+        team = create_team(s, "torn-dcp").id
+        job = Job(team_id=team, status="running", spec={}, base_model="tiny-llama",
+                  objective="dpo")  # fmt: skip
+        s.add(job)
+        s.commit()
+        job_id = job.id
+    root = f"{base}/{team}/{job_id}/"
+    spec = make_spec(max_steps=4, checkpoint_every=2)
+    train(spec, tmp_path / "run", progress=False, checkpoints=root)
+    torn = checkpoint_prefix(team, job_id, 4)
+    client.delete_object(Bucket=bucket, Key=torn + "_COMPLETE")
+    _fs()
+    assert checkpoint.latest(root).step == 2  # never resumed
+    with db_sessions() as s:
+        s.add(Checkpoint(job_id=job_id, step=2, object_prefix=checkpoint_prefix(team, job_id, 2)))
+        s.get(Job, job_id).status = "failed"
+        s.commit()
+
+    def keys(prefix: str) -> list[str]:
+        found = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+        return [o["Key"] for o in found]
+
+    assert keys(torn)  # the shards are there, uncommitted
+    sweep(db_sessions, s3_server.store(bucket), grace_seconds=60, now=time.time() + 120)
+    assert keys(torn) == []
+    assert checkpoint_prefix(team, job_id, 2) + "_COMPLETE" in keys(checkpoint_prefix(team, job_id, 2))
