@@ -56,12 +56,12 @@ def rank_save(out: Path, layers: int | None, rounds: int) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from accelerate import Accelerator
+    from procfs import reset_peak, status_kb
     from safetensors.torch import save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from contract.memory import BUILTIN_SHAPES
     from contract.shapes import SMOLLM2
-    from procfs import reset_peak, status_kb
     from trainer import ckptio
     from trainer.distributed import Sharded
     from trainer.dtensors import _full, _local, _unique_keys
@@ -82,7 +82,9 @@ def rank_save(out: Path, layers: int | None, rounds: int) -> None:
     rank = dist.get_rank()
 
     def dcp_save(path: Path) -> None:
-        dcp.save(parallel.checkpoint_state(model, optimizer), storage_writer=ckptio.storage_writer(path))
+        dcp.save(
+            parallel.checkpoint_state(model, optimizer), storage_writer=ckptio.storage_writer(path)
+        )
 
     def gathered_save(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -121,9 +123,10 @@ def rank_save(out: Path, layers: int | None, rounds: int) -> None:
 
 def save_part(layers: int | None, rounds: int, work: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-            "2", "--master-addr", "127.0.0.1", "--master-port", str(_port()), __file__,
-            "--rank-save", str(work), "--layers", str(layers or 0), "--rounds", str(rounds)]  # fmt: skip
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+            str(_port()), __file__, "--rank-save", str(work), "--layers", str(layers or 0),
+            "--rounds", str(rounds)]  # fmt: skip
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])

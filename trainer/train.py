@@ -29,9 +29,9 @@ from transformers import get_scheduler
 
 from contract.memory import GiB
 from contract.runs import (
-    COLLECTIVE_TIMEOUT_ENV,
     CHECKPOINT_EVENT,
     CHECKPOINT_STATE_FILE,
+    COLLECTIVE_TIMEOUT_ENV,
     DATA_QUALITY_FILE,
     FINAL_DIR,
     RESULT_FILE,

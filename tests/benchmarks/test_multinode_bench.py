@@ -27,4 +27,6 @@ def test_self_check_measures_every_figure():
     for key in ("dcp_save_s", "gathered_save_s", "one_node_step_s", "two_nodes_step_s"):
         assert result[key] > 0, key
     for key in result["targets"]:
-        assert result[key] > 0 and result["met"][key] == (result[key] <= float(result["targets"][key][3:]))
+        assert result[key] > 0 and result["met"][key] == (
+            result[key] <= float(result["targets"][key][3:])
+        )

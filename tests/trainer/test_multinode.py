@@ -62,7 +62,9 @@ def _spec_url(store, make_spec, pref_file, name: str, **kw) -> str:
     _, _, client, bucket = store
     data = _put(client, bucket, "team/files/pref.jsonl", Path(pref_file).read_bytes())
     spec = make_spec(training_file=data, max_steps=6, checkpoint_every=2, **kw)
-    return _put(client, bucket, f"team/{name}/run/attempt-1/spec.json", spec.model_dump_json().encode())
+    return _put(
+        client, bucket, f"team/{name}/run/attempt-1/spec.json", spec.model_dump_json().encode()
+    )
 
 
 def _fs():
@@ -97,8 +99,15 @@ def agents(store, spec_url: str, job: str, tmp: Path, nodes: int, nproc: int, *,
         if resume:
             argv.append("--resume")
         procs.append(
-            subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+            subprocess.Popen(
+                argv,
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )  # fmt: skip
         )
     return procs
 
@@ -240,4 +249,6 @@ def test_a_checkpoint_torn_before_its_commit_is_swept(
     assert keys(torn)  # the shards are there, uncommitted
     sweep(db_sessions, s3_server.store(bucket), grace_seconds=60, now=time.time() + 120)
     assert keys(torn) == []
-    assert checkpoint_prefix(team, job_id, 2) + "_COMPLETE" in keys(checkpoint_prefix(team, job_id, 2))
+    assert checkpoint_prefix(team, job_id, 2) + "_COMPLETE" in keys(
+        checkpoint_prefix(team, job_id, 2)
+    )
