@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from contract.runs import CHECKPOINT_STATE_FILE, CHECKPOINTS_DIR, checkpoint_dir_name
+from contract.runs import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_STATE_FILE,
+    CHECKPOINTS_DIR,
+    checkpoint_dir_name,
+)
 from models.tables import Checkpoint, File
 from storage import IncompleteCheckpointError, ObjectNotFound
 from worker import micro_batch
@@ -35,9 +40,11 @@ def download_training_file(a: Attempt, dest: Path) -> None:
 
 
 def download_checkpoint(a: Attempt) -> int | None:
-    """Newest complete checkpoint → run/checkpoints/step-N; returns its world size (None:
-    start from scratch). A torn one (should not happen: rows follow uploads) is skipped for
-    the one before it."""
+    """Newest complete checkpoint → run/checkpoints/step-N; returns the world size the resume
+    must use: a format 1 checkpoint's own (its optimizer and RNG state are per process), None
+    for a sharded DCP checkpoint (it reshards: the attempt places its processes as a fresh one
+    would) or when training starts from scratch. A torn one (should not happen: rows follow
+    uploads) is skipped for the one before it."""
     with a.sessions() as s:
         rows = s.execute(
             select(Checkpoint.step, Checkpoint.object_prefix)
@@ -55,6 +62,8 @@ def download_checkpoint(a: Attempt) -> int | None:
         a.resumed_from = step
         a.progress.resumed(step, prefix)
         a.log.info("resuming from step %d", step)
+        if int(state.get("format", 1)) >= CHECKPOINT_FORMAT:
+            return None  # DCP reshards to any world size
         return int(state.get("world_size", 1))
     if rows:
         a.warn("no usable checkpoint; training starts from scratch")

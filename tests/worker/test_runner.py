@@ -284,3 +284,33 @@ def test_checkpoints_are_recorded_in_step_order(local):
     assert all(local.store.is_complete(f"{job.team_id}/{job_id}/step-{n}/") for n in (2, 4, 6))
     # Only the newest stays on local disk; the others are safe in the store.
     assert sorted(p.name for p in (attempt.run_dir / "checkpoints").iterdir()) == ["step-6"]
+
+
+def test_a_resume_keeps_the_world_size_only_of_a_format_1_checkpoint(local, tmp_path):
+    """A format 1 checkpoint holds per-process optimizer and RNG state: its resume must use its
+    world size. A DCP checkpoint (format 2) reshards: the attempt places its processes afresh."""
+    import json
+
+    from models import jobs as job_states
+    from models.tables import Checkpoint
+    from worker import inputs
+    from worker.runner import Attempt
+
+    job_id = local.make_job(max_steps=6)
+    with local.sessions() as s:
+        job = job_states.claim(s, job_id, "w-1", 30)
+        s.commit()
+    attempt = Attempt(_runner(local), job, "w-1")
+    attempt.run_dir.mkdir(parents=True)
+    worlds = []
+    for step, state in ((2, {"world_size": 2}), (4, {"world_size": 2, "format": 2})):
+        src = tmp_path / f"step-{step}"
+        src.mkdir()
+        (src / "state.json").write_text(json.dumps({"step": step, **state}))
+        prefix = f"{job.team_id}/{job_id}/step-{step}/"
+        local.store.upload_dir(prefix, src)
+        with local.sessions() as s:
+            s.add(Checkpoint(job_id=job_id, step=step, object_prefix=prefix))
+            s.commit()
+        worlds.append(inputs.download_checkpoint(attempt))
+    assert worlds == [2, None]
