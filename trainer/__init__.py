@@ -21,7 +21,11 @@ and reports/ (statistics, the code version); the service never imports it: a wor
     rewards/        the registered reward sources (math-verify, format, a reward model, ...)
     modeling/       model sources, policy loading (full or LoRA), the exported model card
     distributed     DDP or FSDP2 behind one interface; dtensors the DTensor helpers it shares
-    checkpoint      save/load every state a resume needs; runlog the run directory's files
+    checkpoint      save/load every state a resume needs (DCP shards, committed by a marker);
+                    checkpoint_v1 the format 1 loader; ckptio a checkpoint root, local or URL
+    process         a process's Accelerator, seeds and run result
+    remote          a rank with no shared disk: spec and data from URLs, the run log mirrored
+    runlog          the run directory's files
     quality         the data-quality score at step 0; seeds every random stream, derived once
     prompts, synthetic   small data sets the repo generates itself (demo, tests)
     evaluation/     instruction (pairwise judge) and math (pass@1) evaluations of a model

@@ -10,20 +10,12 @@ trainer.distributed) and on GPUs.
 
 from __future__ import annotations
 
-import os
-import random
 import sys
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -31,7 +23,6 @@ from contract.memory import GiB
 from contract.runs import (
     CHECKPOINT_EVENT,
     CHECKPOINT_STATE_FILE,
-    COLLECTIVE_TIMEOUT_ENV,
     DATA_QUALITY_FILE,
     FINAL_DIR,
     RESULT_FILE,
@@ -51,6 +42,7 @@ from trainer.modeling import (
 )
 from trainer.modeling.card import finish_export
 from trainer.online.rounds import OnlineData
+from trainer.process import RunResult, make_accelerator, seed_everything
 from trainer.quality import data_quality, quality_batches
 from trainer.recipes import LossContext, make_recipe
 from trainer.reference import make_reference
@@ -62,44 +54,6 @@ from trainer.tokenize import ChatTokenizer, TokenBatch
 
 # Micro-batches of rows the lookahead reference scores in one no-grad forward.
 LOOKAHEAD_MICRO_BATCHES = 2
-
-
-@dataclass
-class RunResult:
-    status: str  # "succeeded" | "stopped"
-    step: int
-    total_steps: int
-    final_dir: str | None
-
-    def as_dict(self) -> dict:
-        return self.__dict__.copy()
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _accelerator(on_gpu: bool, mixed: str) -> Accelerator:
-    """accelerate keeps one state per process and refuses another precision once it is set;
-    a process that trains again in another precision (a test session, a benchmark) starts
-    that state afresh. The distributed set-up (PartialState) is kept."""
-    # No buffer broadcast on every DDP forward: the model's buffers (rotary frequencies) never
-    # change, and the broadcast is a collective, so ranks whose steps run different numbers of
-    # forwards (shared prompts, KTO's mismatched rows, lookahead scoring) would deadlock.
-    # A bounded wait in every collective: a rank whose peer died (a lost node) fails with the
-    # backend's timeout error instead of hanging (contract.runs.COLLECTIVE_TIMEOUT_ENV).
-    timeout = timedelta(seconds=float(os.environ.get(COLLECTIVE_TIMEOUT_ENV, "1800")))
-    handlers = [
-        DistributedDataParallelKwargs(broadcast_buffers=False),
-        InitProcessGroupKwargs(timeout=timeout),
-    ]
-    try:
-        return Accelerator(cpu=not on_gpu, mixed_precision=mixed, kwargs_handlers=handlers)
-    except ValueError:
-        AcceleratorState._reset_state()
-        return Accelerator(cpu=not on_gpu, mixed_precision=mixed, kwargs_handlers=handlers)
 
 
 class Trainer:
@@ -128,20 +82,18 @@ class Trainer:
             if spec.precision == "bf16" or (on_gpu and spec.precision == "fp16")
             else "no"
         )
-        self.accelerator = acc = _accelerator(on_gpu, mixed)
+        self.accelerator = acc = make_accelerator(on_gpu, mixed)
         self.log = RunLog(self.out_dir, enabled=acc.is_main_process)
         if spec.precision == "fp16" and not on_gpu:
             self.log.event("warning", "precision fp16 needs a GPU; training in fp32 on the CPU")
-        _seed_everything(spec.seed)
+        seed_everything(spec.seed)
 
         self.log.event("progress", "loading the model", phase="loading_model")
         self.model_dir = resolve_model(spec.base_model)
         self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
-        self.data, self.total = load_data(
-            spec, self.recipe, self.chat, acc, self.out_dir, self.log
-        )
+        self.data, self.total = load_data(spec, self.recipe, self.chat, acc, self.out_dir, self.log)
 
         # Rows per forward: chosen from the estimate and the memory this process has, unless
         # the spec sets grad_accum (contract.micro_batch.choose_micro_batch); before the model is
@@ -155,6 +107,7 @@ class Trainer:
         self.compile = spec.compiles_on(acc.device.type)
 
         model = load_policy(spec, self.model_dir)
+
         # per-layer recompute in backward and regional compile; a compile that fails (now or
         # at a first forward) falls back to eager with a warning event, never a failed job
         def warn(message: str) -> None:
