@@ -99,11 +99,14 @@ def renew(
     lease_seconds: float,
     *,
     now: datetime | None = None,
+    new_attempt: int | None = None,
     **values: Any,
 ) -> str | None:
-    """Extend the lease (setting `values`), fenced by owner and attempt; the job's status, or
-    None when the lease is lost."""
+    """Extend the lease (setting `values`; `new_attempt`: the job moves on to that attempt),
+    fenced by owner and attempt; the job's status, or None when the lease is lost."""
     now = now or utcnow()
+    if new_attempt is not None:
+        values["attempt"] = new_attempt
     status = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.attempt == attempt, *leases.held_by(Job, worker_id))
