@@ -142,7 +142,12 @@ class JobTick:
         """Submit the current attempt (again: the launcher adopts an existing launch)."""
         if self.status == "cancelling":
             return self.finish("cancelled", result=self.base(), message="cancelled before launch")
-        launcher, n = self.launcher, self.number
+        try:
+            launcher, n = self.launcher, self.number
+        except Exception as exc:  # not configured here: say so rather than keep the job running
+            self.log.exception("job %s: no multi-node launcher", self.job_id)
+            error = {"type": "no_launcher", "message": f"no multi-node launcher: {exc}"}
+            return self.finish("failed", error=self.public(error), message=error["message"])
         if n > 1:  # the previous attempt's launch is gone before this one starts
             launcher.cancel(launcher.launch_name(self.job_id, n - 1))
         try:
@@ -180,7 +185,8 @@ class JobTick:
             return self.submit()
         status = self.launcher.poll(self.state["name"])
         self.announce(status)
-        self.ingest()
+        if status.state is not LaunchState.PENDING:  # no rank has written anything before
+            self.ingest()
         if status.state is LaunchState.SUCCEEDED:
             return self.complete()
         if status.state is LaunchState.FAILED:

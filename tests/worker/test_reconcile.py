@@ -275,3 +275,17 @@ def _events(env: Env, job_id: str, kind: str) -> list[JobEvent]:
     with env.sessions() as s:
         q = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == kind)
         return list(s.execute(q.order_by(JobEvent.seq)).scalars())
+
+
+def test_a_worker_without_a_multi_node_launcher_fails_the_job_clearly(env, monkeypatch):
+    job_id = env.make_job()
+    env.runner.launcher = None  # the factory: worker.launchers.trainjob (absent or refusing)
+    env.runner._reconciler = None
+
+    def broken(settings):
+        raise RuntimeError("no kube config")
+
+    monkeypatch.setattr("worker.multinode.trainjob_launcher", broken)
+    assert env.runner.run(job_id) == "failed"
+    job = env.job(job_id)
+    assert job.error["type"] == "no_launcher" and "no kube config" in job.error["message"]
