@@ -17,7 +17,7 @@ from models.base import utcnow
 from models.db import make_session_factory
 from models.tables import Job, JobEvent
 from models.teams import create_team
-from storage import LocalStore
+from storage import LocalStore, object_url
 from storage.keys import run_spec_key
 from tests.fixtures.db import _empty_pg
 from tests.fixtures.rows import add_file
@@ -44,11 +44,13 @@ def _spec_knows_nodes(monkeypatch):
 
 
 class Env:
-    def __init__(self, pg_url: str, engine: Any, tmp_path: Any, attempts: int = 3):
+    def __init__(
+        self, pg_url: str, engine: Any, tmp_path: Any, attempts: int = 3, store: Any = None
+    ):
         _empty_pg(engine)
         self.tmp = tmp_path
         self.sessions = make_session_factory(engine)
-        self.store = LocalStore(tmp_path / "objects")
+        self.store = store or LocalStore(tmp_path / "objects")
         self.settings = WorkerSettings(
             DATABASE_URL=pg_url,
             BROKER_URL="memory://",
@@ -102,20 +104,26 @@ def launched(env: Env) -> tuple[str, str]:
     return job_id, env.launcher.launch_name(job_id, 1)
 
 
-def test_a_job_goes_from_launch_to_succeeded_with_its_run_log(env):
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_a_job_goes_from_launch_to_succeeded_with_its_run_log(
+    backend, request, pg_url, _pg_engine, tmp_path
+):
+    store = request.getfixturevalue("s3_store") if backend == "s3" else None
+    env = Env(pg_url, _pg_engine, tmp_path, store=store)
     job_id, name = launched(env)
     job = env.job(job_id)
     assert (job.status, job.launcher, job.attempt) == ("running", "trainjob", 1)
-    request = env.launcher.requests[name]
-    assert (request.nodes, request.processes_per_node) == (2, 1)
-    spec_url = str(env.store.root / run_spec_key(env.team, job_id, 1))
-    assert request.args[:4] == ["-m", "trainer", "run", spec_url]
-    assert "--resume" not in request.args
-    assert request.args[request.args.index("--runlog") + 1].endswith(f"{job_id}/run/attempt-1/")
+    launch = env.launcher.requests[name]
+    assert (launch.nodes, launch.processes_per_node) == (2, 1)
+    spec_url = object_url(env.store, run_spec_key(env.team, job_id, 1))
+    assert spec_url.startswith("s3://" if backend == "s3" else "/")
+    assert launch.args[:4] == ["-m", "trainer", "run", spec_url]
+    assert "--resume" not in launch.args
+    assert launch.args[launch.args.index("--runlog") + 1].endswith(f"{job_id}/run/attempt-1/")
+    assert launch.args[launch.args.index("--checkpoints") + 1].endswith(f"/{job_id}/")
     spec = json.loads(env.store.get_bytes(run_spec_key(env.team, job_id, 1)))
-    assert (
-        spec["training_file"].startswith(str(env.store.root)) and spec["parallelism"]["nodes"] == 2
-    )
+    file_url = object_url(env.store, f"{env.team}/files/{job.training_file_id}.jsonl")
+    assert spec["training_file"] == file_url and spec["parallelism"]["nodes"] == 2
 
     # a second delivery of run_job, the reaper: neither touches a launched job
     assert env.runner.run(job_id) is None
