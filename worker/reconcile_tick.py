@@ -238,18 +238,20 @@ class JobTick:
         self.step, self.total = p.step, p.total
 
     def hung(self, status: LaunchStatus) -> bool:
-        """No new step for HANG_SECONDS since the ranks were admitted."""
+        """No progress for HANG_SECONDS since the ranks were admitted. Progress: this
+        attempt's heartbeat step or run log moved (a resumed attempt replaying steps the job
+        already counted is progressing too)."""
         if status.state not in (LaunchState.STARTING, LaunchState.RUNNING):
             return False
         now = self.r.clock().timestamp()
-        step = self.step
+        beat = None
         try:
-            beat = json.loads((self.run_dir / HEARTBEAT_FILE).read_text())
-            step = max(step, int(beat.get("step") or 0))
-        except (OSError, ValueError, TypeError, AttributeError):
+            beat = json.loads((self.run_dir / HEARTBEAT_FILE).read_text()).get("step")
+        except (OSError, ValueError, AttributeError):
             pass
-        if self.state.get("progress_at") is None or step > int(self.state.get("seen_step", -1)):
-            self.state["seen_step"], self.state["progress_at"] = step, now
+        marker = [beat, self.state.get("metrics_offset", 0), self.state.get("events_offset", 0)]
+        if self.state.get("progress_at") is None or marker != self.state.get("seen"):
+            self.state["seen"], self.state["progress_at"] = marker, now
             return False
         return now - float(self.state["progress_at"]) > self.r.hang_seconds
 
