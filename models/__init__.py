@@ -6,6 +6,7 @@ Imports SQLAlchemy and pydantic only (the API and the worker both use it; never 
     base, tables    the declarative base, ids, and the ORM tables (every user row has a team)
     db              engines and sessions from a URL (SQLite WAL, PostgreSQL pre-ping)
     leases          the one lease scheme of leased work: claim, renew/fence, release, reap
+    launches        the lease of a multi-node job, held by one reconcile at a time
     jobs            the job state machine (guarded UPDATEs); job_events its gap-free events;
                     job_records metrics and checkpoints
     evaluations     the evaluation's life cycle, on the same leases

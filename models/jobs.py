@@ -49,6 +49,7 @@ from models.job_records import checkpoints as checkpoints
 from models.job_records import latest_checkpoint as latest_checkpoint
 from models.job_records import metrics_between as metrics_between
 from models.job_records import record_metrics as record_metrics
+from models.launches import not_reconciled
 from models.leases import CLEAR_LEASE
 from models.quota import QUOTA_HEADROOM as QUOTA_HEADROOM
 from models.quota import active_job_count as active_job_count
@@ -294,7 +295,8 @@ def claim(
     taken = _bump_seq(  # guarded by the state just read: the event below says what it was
         session,
         job_id,
-        [Job.status == row.status, leases.claimable(Job, now), *where],
+        # a launched multi-node job is reconciled, never re-claimed (models.launches)
+        [Job.status == row.status, leases.claimable(Job, now), not_reconciled(), *where],
         **leases.claim_values(Job, worker_id, lease_seconds, now),
         started_at=func.coalesce(Job.started_at, literal(now, UTCDateTime())),
     )
@@ -399,7 +401,7 @@ def reap_expired(
     lease still being expired, so a late heartbeat wins over the reaper.
     """
     now = now or utcnow()
-    expired = leases.expired_rows(session, Job, now, limit)
+    expired = leases.expired_rows(session, Job, now, limit, where=[not_reconciled()])
     still_expired = [Job.lease_expires_at < now]
     requeued: list[str] = []
     for job_id, status, lease_owner, attempt in expired:

@@ -26,6 +26,7 @@ writes a `status` event with every move and has a `cancelling` state).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -102,12 +103,19 @@ def renew(
     return status
 
 
-def expired_rows(session: Session, table: Any, now: datetime, limit: int = 100) -> list[Any]:
-    """(id, status, lease_owner, attempt) of leased rows whose lease ran out, oldest first."""
+def expired_rows(
+    session: Session,
+    table: Any,
+    now: datetime,
+    limit: int = 100,
+    where: Sequence[ColumnElement[bool]] = (),
+) -> list[Any]:
+    """(id, status, lease_owner, attempt) of leased rows whose lease ran out, oldest first
+    (`where`: further conditions)."""
     return list(
         session.execute(
             select(table.id, table.status, table.lease_owner, table.attempt)
-            .where(table.status.in_(LEASED_STATUSES), table.lease_expires_at < now)
+            .where(table.status.in_(LEASED_STATUSES), table.lease_expires_at < now, *where)
             .order_by(table.lease_expires_at)
             .limit(limit)
         ).all()

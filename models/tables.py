@@ -148,6 +148,11 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+    # NULL: the worker runs the job itself; 'trainjob': a multi-node job, launched on the
+    # cluster and followed by worker.reconcile (models.launches), decided at its first launch.
+    launcher: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # The reconcile state of the current attempt's launch (worker.reconcile.LaunchState).
+    launch: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class OfAJob:

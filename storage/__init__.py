@@ -34,6 +34,7 @@ __all__ = [
     "S3Store",
     "StorageError",
     "StorageUnavailableError",
+    "object_url",
     "open_store",
 ]
 
@@ -85,3 +86,18 @@ def open_store(
             **s3_options,
         )
     raise ValueError(f"invalid store URL {url!r}: expected file://PATH or s3://BUCKET[/PREFIX]")
+
+
+def object_url(store: ObjectStore, key: str) -> str:
+    """Where a process that shares no disk with us reads or writes `key` (a key or a "dir/"
+    prefix): "s3://BUCKET/PREFIX/KEY" for an S3Store (fsspec/s3fs spell it so), the file's
+    path for a LocalStore (a process on this machine: tests, a local launcher)."""
+    from storage.keys import check_key
+
+    check_key(key, prefix=True)
+    if isinstance(store, S3Store):
+        return f"s3://{store.bucket}/{store.prefix}{key}"
+    if isinstance(store, LocalStore):
+        path = str(store.root / key)
+        return path + "/" if key.endswith("/") and not path.endswith("/") else path
+    raise TypeError(f"no URL for the objects of {store!r}")

@@ -8,6 +8,8 @@ together, and a key can never name another team's object):
     {team}/{job}/step-{n}/...          checkpoint directories (with a `_COMPLETE` marker)
     {team}/{job}/final/...             the exported model of a finished job (same marker)
     {team}/{job}/reports/{name}        evaluation reports
+    {team}/{job}/run/attempt-{a}/...   a multi-node attempt: the spec its ranks read, rank 0's
+                                       run log (metrics.jsonl, events.jsonl, heartbeat.json ...)
 
 Ids are validated against a strict pattern instead of being escaped: an id that needs escaping
 is a bug upstream, and refusing it is cheaper than reasoning about every backend's quoting.
@@ -132,3 +134,32 @@ def check_key(key: str, *, prefix: bool = False) -> str:
     if segments and segments[0] == RESERVED_ROOT:
         raise ValueError(f"invalid key: {key!r} is in the reserved {RESERVED_ROOT}/ area")
     return key
+
+
+# --- a multi-node attempt's run directory (ranks share no disk: worker.reconcile) ----------
+RUN_DIR = "run"
+
+
+def _check_attempt(attempt: int) -> int:
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"invalid attempt: {attempt!r} (expected an int >= 1)")
+    return attempt
+
+
+def run_prefix(team_id: str, job_id: str, attempt: int) -> str:
+    """One attempt's run directory: "{team}/{job}/run/attempt-{a}/": the spec its ranks read
+    and rank 0's run log (contract.runs: metrics, events, data quality, result, heartbeat)."""
+    return f"{job_prefix(team_id, job_id)}{RUN_DIR}/attempt-{_check_attempt(attempt)}/"
+
+
+def run_file_key(team_id: str, job_id: str, attempt: int, name: str) -> str:
+    """A file of an attempt's run directory: "{team}/{job}/run/attempt-{a}/{name}" (`name`
+    a fixed file name of contract.runs, still validated)."""
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None or ".." in name:
+        raise ValueError(f"invalid run file name: {name!r} (expected {NAME_PATTERN.pattern})")
+    return run_prefix(team_id, job_id, attempt) + name
+
+
+def run_spec_key(team_id: str, job_id: str, attempt: int) -> str:
+    """The spec an attempt's ranks read: "{team}/{job}/run/attempt-{a}/spec.json"."""
+    return run_file_key(team_id, job_id, attempt, "spec.json")

@@ -19,6 +19,8 @@ and followed: the local subprocess or a Kubeflow TrainJob, one interface), tail 
 (expired leases and lost messages), webhooks (webhook deliveries: signed, ordered, retried),
 sweeper (orphaned temp files and objects), scrub (no
 server path, hostname or pid in what a team reads), celery_app + tasks (Celery), embedded
-(BROKER_URL=memory://: a thread in the API process). No torch is imported here: training
+(BROKER_URL=memory://: a thread in the API process), multinode (a multi-node attempt: its
+spec in the store, the ranks' argv), reconcile + reconcile_tick (multi-node jobs: launched by
+run_job, followed by the beat task reconcile_jobs). No torch is imported here: training
 and evaluation always run in a subprocess.
 """

@@ -364,7 +364,7 @@ def claim_and_run(
     kind: str,
     sessions: sessionmaker[Session],
     claim: Callable[[Session, str, str, float], Any],
-    start: Callable[[Any, str], LeasedAttempt],
+    start: Callable[[Any, str], Any],  # a LeasedAttempt, or anything with run() -> str
     row_id: str,
     lease_seconds: float,
 ) -> str | None:

@@ -10,6 +10,8 @@ SWEEP_GRACE_SECONDS.
 The storage sweep (worker.sweeper) runs from Celery beat, one process per deployment:
 
     celery -A worker.celery_app beat          # sends worker.tasks.sweep_storage every SWEEP_SECONDS
+                                              # and worker.tasks.reconcile_jobs every
+                                              # RECONCILE_SECONDS (multi-node jobs: required)
 
 Queues:
   * `cpu`, `gpu`: where jobs run; worker.routing.queue_for decides per job (metadata `gpus`,
@@ -84,14 +86,22 @@ app.conf.update(
 
 
 SWEEP_STORAGE = "worker.tasks.sweep_storage"
+RECONCILE_JOBS = "worker.tasks.reconcile_jobs"
+RECONCILE_SECONDS = float(getattr(settings, "RECONCILE_SECONDS", 15.0))
+app.conf.beat_schedule = {
+    # multi-node jobs (worker.reconcile): a no-op query when there are none
+    "reconcile-jobs": {
+        "task": RECONCILE_JOBS,
+        "schedule": RECONCILE_SECONDS,
+        "options": {"queue": INGRESS_QUEUE, "expires": RECONCILE_SECONDS},
+    }
+}
 if settings.SWEEP_SECONDS > 0:
-    app.conf.beat_schedule = {
-        "sweep-storage": {
-            "task": SWEEP_STORAGE,
-            "schedule": settings.SWEEP_SECONDS,
-            # a sweep nobody took before the next one is due is not worth running
-            "options": {"queue": INGRESS_QUEUE, "expires": settings.SWEEP_SECONDS},
-        }
+    app.conf.beat_schedule["sweep-storage"] = {
+        "task": SWEEP_STORAGE,
+        "schedule": settings.SWEEP_SECONDS,
+        # a sweep nobody took before the next one is due is not worth running
+        "options": {"queue": INGRESS_QUEUE, "expires": settings.SWEEP_SECONDS},
     }
 
 
@@ -140,6 +150,7 @@ def sweep(sessions) -> list[str]:
     return reap_and_requeue(
         sessions, lambda job_id: send_run_job(sessions, job_id), **options
     ) + reap_evaluations(sessions, lambda eid: send_run_evaluation(sessions, eid), **options)
+
 
 _reaper: dict[str, Any] = {}
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -34,8 +35,22 @@ from worker.attempt import MAX_MESSAGE_CHARS, LeaseLost
 from worker.micro_batch import record_of
 from worker.tail import JsonlTail
 
-if TYPE_CHECKING:
-    from worker.runner import Attempt
+
+class RunOwner(Protocol):
+    """What RunProgress needs of whoever follows the run: worker.runner.Attempt (a local
+    run directory), worker.reconcile.JobTick (a multi-node attempt's run log, mirrored)."""
+
+    run_dir: Path
+    store: Any
+    job_id: str
+    team_id: str
+    number: int
+    log: Any
+    heartbeat: Any  # .lost: an Event set when the lease is gone
+
+    def fenced(self, write: Callable[[Session], Any]) -> Any: ...
+    def public(self, value: Any) -> Any: ...
+
 
 UPLOAD_ATTEMPTS = 3
 # The trainer's out_of_memory events keep their kind (worker.micro_batch finds the newest
@@ -43,7 +58,7 @@ UPLOAD_ATTEMPTS = 3
 
 
 class RunProgress:
-    def __init__(self, attempt: Attempt, step: int, total: int | None):
+    def __init__(self, attempt: RunOwner, step: int, total: int | None):
         self.a = attempt
         self.step = step
         self.total = total

@@ -50,7 +50,7 @@ from models import scheduling
 from models.tables import Job
 from storage import ObjectStore
 from storage.keys import final_model_prefix
-from worker import inputs, micro_batch
+from worker import inputs, micro_batch, multinode
 from worker.attempt import (
     MAX_MESSAGE_CHARS,
     AttemptFailed,
@@ -62,7 +62,9 @@ from worker.attempt import (
 from worker.config import WorkerSettings
 from worker.gpus import place_attempt
 from worker.job_evaluations import create_job_evaluations
+from worker.launchers.base import Launcher
 from worker.progress import UPLOAD_ATTEMPTS, RunProgress
+from worker.reconcile import Reconciler
 from worker.routing import Placement, PlacementError, queue_for, trainer_command, trainer_env
 
 log = logging.getLogger("humanline.worker")
@@ -337,9 +339,12 @@ class Runner:
         send: Callable[[str], None] | None = None,
         send_evaluation: Callable[[str], None] | None = None,
         should_stop: Callable[[], bool] = lambda: False,
+        launcher: Launcher | None = None,
     ):
         self.settings, self.sessions, self.store = settings, sessions, store
         self.send, self.send_evaluation, self.should_stop = send, send_evaluation, should_stop
+        self._reconciler: Reconciler | None = None
+        self.launcher = launcher  # multi-node jobs' (None: worker.multinode.trainjob_launcher)
 
     def run(self, job_id: str, queue: str | None = None) -> str | None:
         """A wake-up for one free slot: claim the fairest claimable job (models.scheduling;
@@ -365,13 +370,21 @@ class Runner:
             return None
 
         return claim_and_run(
-            "job",
-            self.sessions,
-            claim,
-            lambda job, worker_id: Attempt(self, job, worker_id),
-            job_id,
-            self.settings.LEASE_SECONDS,
+            "job", self.sessions, claim, self.start, job_id, self.settings.LEASE_SECONDS
         )
+
+    def start(self, job: Job, worker_id: str) -> Any:
+        """The claimed job's attempt: here, or on the cluster (nodes > 1: worker.reconcile)."""
+        if multinode.is_multinode(job.launcher, job.spec):
+            return self.reconciler().first_launch(job, worker_id)
+        return Attempt(self, job, worker_id)
+
+    def reconciler(self) -> Reconciler:
+        """The multi-node control plane (its launcher made on first use)."""
+        if self._reconciler is None:
+            r = Reconciler(self.settings, self.sessions, self.store, self.launcher)
+            r.send, r.send_evaluation, self._reconciler = self.send, self.send_evaluation, r
+        return self._reconciler
 
     def evaluate(self, evaluation_id: str) -> str | None:
         """Claim and run one evaluation (worker.evaluate.run_evaluation)."""

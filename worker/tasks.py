@@ -17,6 +17,7 @@ from models import webhooks as webhook_outbox
 from models.db import make_engine, make_session_factory
 from storage import open_store
 from worker.celery_app import (
+    RECONCILE_JOBS,
     RUN_EVALUATION,
     RUN_JOB,
     SWEEP_STORAGE,
@@ -32,7 +33,15 @@ from worker.runner import Runner
 from worker.sweeper import sweep as sweep_store
 from worker.webhooks import deliver_endpoint
 
-__all__ = ["app", "deliver_webhooks", "reap", "run_evaluation", "run_job", "sweep_storage"]
+__all__ = [
+    "app",
+    "deliver_webhooks",
+    "reap",
+    "reconcile_jobs",
+    "run_evaluation",
+    "run_job",
+    "sweep_storage",
+]
 
 log = logging.getLogger("humanline.worker")
 
@@ -111,6 +120,13 @@ def sweep_storage() -> dict[str, Any]:
     r = runner()
     report = sweep_store(r.sessions, r.store, grace_seconds=settings.SWEEP_GRACE_SECONDS)
     return report.as_dict()
+
+
+@app.task(name=RECONCILE_JOBS)
+def reconcile_jobs() -> dict[str, str]:
+    """One reconcile of every launched multi-node job (worker.reconcile), sent by Celery beat
+    every RECONCILE_SECONDS; returns {job id: outcome}."""
+    return runner().reconciler().run_once()
 
 
 def send_deliver_webhooks(endpoint_id: str, countdown: float | None = None) -> None:

@@ -127,3 +127,32 @@ def test_local_store_refuses_symlink_escape(tmp_path: Path):
     with pytest.raises(ValueError, match="outside"):
         store.put_bytes("link/new", b"x")
     assert sorted(os.listdir(outside)) == ["secret"]
+
+
+def test_run_keys_of_a_multi_node_attempt():
+    from storage.keys import run_file_key, run_prefix, run_spec_key
+
+    assert run_prefix("team-1", "job-2", 3) == "team-1/job-2/run/attempt-3/"
+    assert run_spec_key("team-1", "job-2", 1) == "team-1/job-2/run/attempt-1/spec.json"
+    assert run_file_key("t", "j", 2, "metrics.jsonl") == "t/j/run/attempt-2/metrics.jsonl"
+    for bad in (0, -1, True, "1", 1.0):
+        with pytest.raises(ValueError, match="attempt"):
+            run_prefix("t", "j", bad)
+    for name in ("../x", "a/b", "", ".."):
+        with pytest.raises(ValueError, match="run file name"):
+            run_file_key("t", "j", 1, name)
+    with pytest.raises(ValueError):
+        run_prefix("t", "files", 1)  # a job id may not name a team namespace
+
+
+def test_object_url_names_a_key_for_a_process_that_shares_no_disk(tmp_path):
+    from storage import S3Store, object_url
+
+    local = LocalStore(tmp_path)
+    assert object_url(local, "t/j/") == f"{local.root}/t/j/"
+    assert object_url(local, "t/files/f.jsonl") == f"{local.root}/t/files/f.jsonl"
+    s3 = S3Store.__new__(S3Store)  # no client: the URL is a pure function of bucket and prefix
+    s3.bucket, s3.prefix = "b", "p/"
+    assert object_url(s3, "t/j/run/attempt-1/") == "s3://b/p/t/j/run/attempt-1/"
+    with pytest.raises(ValueError):
+        object_url(s3, "../x")
