@@ -245,8 +245,14 @@ def part_fsdp(r: Report, s: Setup) -> None:
         else float("inf")
     )
     r.figure("fsdp.export_max_abs_weight_diff", wdiff, "<= 1e-4", keys and wdiff <= 1e-4)
-    # Evidence that FSDP really ran: its checkpoints keep AdamW state sharded, one file per rank.
-    sharded = any((s.work / "fsdp-fsdp" / "run" / "checkpoints").glob("step-*/optimizer-rank-0.pt"))
+    # Evidence that FSDP really ran: its checkpoints are DCP shards (weights and AdamW state,
+    # one `__R_0.distcp` file per rank) saved from an FSDP run.
+    sharded = any(
+        (step / "__0_0.distcp").is_file()
+        and json.loads((step / "state.json").read_text()).get("parallelism") == "fsdp"
+        for step in (s.work / "fsdp-fsdp" / "run" / "checkpoints").glob("step-*")
+        if (step / "_COMPLETE").is_file()
+    )
     r.figure("fsdp.sharded_optimizer_state", sharded, "true", sharded)
 
 
