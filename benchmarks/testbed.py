@@ -42,7 +42,7 @@ MATH_PRESET_K = 12  # contract/presets.py: the math preset's humanline_params.sy
 @dataclass
 class Setup:
     # task
-    digits: tuple[int, int] = (2, 2)  # operand lengths (min, max)
+    digits: tuple[int, int] = (3, 1)  # digits of the first and the second operand
     train_size: int = 2000
     eval_size: int = 200
     # model: random Llama over the tiny tokenizer (vocab 512)
@@ -50,7 +50,7 @@ class Setup:
     layers: int = 4
     heads: int = 4
     # base policy (product SFT job)
-    sft_steps: int = 60
+    sft_steps: int = 300
     sft_batch: int = 32
     sft_lr: float = 3e-3
     # GRPO (tuned on the online arm only, then frozen)
@@ -80,11 +80,11 @@ def make_task(setup: Setup, out: Path) -> dict[str, Path]:
     from trainer import prompts
 
     rng = random.Random(28)
-    lo, hi = setup.digits
+    da, db = setup.digits
     seen: set[tuple[int, int]] = set()
     rows: list[tuple[str, str]] = []
     while len(rows) < 2 * setup.train_size + setup.eval_size:
-        a, b = (rng.randint(10 ** (rng.randint(lo, hi) - 1), 10**hi - 1) for _ in range(2))
+        a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in (da, db))
         if (a, b) not in seen:
             seen.add((a, b))
             rows.append((f"{a}+{b}=", str(a + b)))
@@ -164,19 +164,27 @@ def eval_request(setup: Setup, eval_id: str) -> dict[str, Any]:
 
 
 # ---- the run -------------------------------------------------------------------------------
-def build(setup: Setup, root: Path, client: Any) -> tuple[Path, dict[str, str], float]:
-    """Task files uploaded, random model, SFT base checkpoint downloaded; base accuracy."""
+def build(
+    setup: Setup, root: Path, client: Any, reuse: Path | None = None
+) -> tuple[Path, dict[str, str], float]:
+    """Task files uploaded, random model, SFT base checkpoint downloaded (or `reuse`, a base
+    an earlier build made: copied, not retrained); base accuracy."""
+    import shutil
+
     from replicate import pass_at_1
 
     paths = make_task(setup, root)
     ids = {k: client.files.upload(file=p, purpose="train" if k != "heldout" else "eval").id
            for k, p in paths.items()}  # fmt: skip
-    init = make_model(setup, root / "init")
-    job = client.jobs.wait(client.jobs.create(**sft_spec(setup, init, ids["sft"])).id,
-                           timeout=3600)  # fmt: skip
-    if job.status != "succeeded":
-        raise RuntimeError(f"base SFT job {job.id} {job.status}: {job.error}")
-    base = client.jobs.download_model(job.id, root / "base")
+    if reuse is not None:
+        base = Path(shutil.copytree(reuse, root / "base"))
+    else:
+        init = make_model(setup, root / "init")
+        job = client.jobs.wait(client.jobs.create(**sft_spec(setup, init, ids["sft"])).id,
+                               timeout=3600)  # fmt: skip
+        if job.status != "succeeded":
+            raise RuntimeError(f"base SFT job {job.id} {job.status}: {job.error}")
+        base = client.jobs.download_model(job.id, root / "base")
     ev = client.evaluations.create(base_model=str(base), **eval_request(setup, ids["heldout"]))
     acc = pass_at_1(client.evaluations.wait(ev.id, timeout=3600))
     print(f"base: {base} held-out accuracy {acc:.3f}", flush=True)
@@ -213,7 +221,9 @@ def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> 
     }  # fmt: skip
 
 
-def run(setup: Setup, root: Path, only_build: bool) -> dict[str, Any]:
+def run(
+    setup: Setup, root: Path, only_build: bool, reuse: Path | None = None, only: str | None = None
+) -> dict[str, Any]:
     from api.embedded import EmbeddedService
 
     t0 = time.time()
@@ -227,13 +237,13 @@ def run(setup: Setup, root: Path, only_build: bool) -> dict[str, Any]:
         from humanline_client import Client
 
         client = Client(base_url=service.base_url, api_key=service.key, timeout=120)
-        base, ids, base_acc = build(setup, root, client)
+        base, ids, base_acc = build(setup, root, client, reuse)
         if only_build:
             return {"base": str(base), "base_accuracy": base_acc, "build_s": time.time() - t0}
         request = eval_request(setup, ids["heldout"])
-        jobs: dict[str, list[str]] = {arm: [] for arm in arms(setup)}
+        jobs: dict[str, list[str]] = {a: [] for a in arms(setup) if only in (None, a)}
         for seed in setup.seeds:
-            for arm in arms(setup):
+            for arm in jobs:
                 spec = grpo_spec(setup, arm, seed, base, ids["grpo"])
                 jobs[arm].append(client.jobs.create(**spec, evaluations=[request]).id)
         results: dict[str, list[dict]] = {arm: [] for arm in jobs}
@@ -245,6 +255,8 @@ def run(setup: Setup, root: Path, only_build: bool) -> dict[str, Any]:
             jobs=[i for v in jobs.values() for i in v], format="html", metric="pass_at_1",
             file_id=ids["heldout"], to=root / "compare.html",
         )  # fmt: skip
+    if only is not None:  # a tuning run (online arm only): its curve, no comparison
+        return {"setup": asdict(setup), "base_accuracy": base_acc, "arms": results}
     summary = tf.figures(asdict(setup), results, base_acc, MATH_PRESET_K)
     summary["wall_clock_total_s"] = time.time() - t0
     summary["report"] = str(root / "compare.html")
@@ -259,14 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--lr", type=float)
     ap.add_argument("--out", type=Path, default=REPO / ".humanline" / "testbed")
+    ap.add_argument("--base", type=Path, help="reuse the base model an earlier build made")
+    ap.add_argument("--only", help="one arm (tuning: online only, rule 1)")
+    ap.add_argument("--prompts-per-step", type=int)
     ap.add_argument("--png", type=Path, help="the figure (default: docs/testbed.png, full)")
     args = ap.parse_args(argv)
     setup = quick_setup() if args.quick else Setup()
-    for name in ("seeds", "steps", "lr"):
+    for name in ("seeds", "steps", "lr", "prompts_per_step"):
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
-    summary = run(setup, args.out, args.command == "build")
-    if args.command == "study":
+    summary = run(setup, args.out, args.command == "build", args.base, args.only)
+    if args.command == "study" and args.only is None:
         png = args.png or (args.out / "testbed.png" if args.quick else REPO / "docs/testbed.png")
         tf.plot(summary, png)
         summary["png"] = str(png)
