@@ -274,10 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, help="reuse the base model an earlier build made")
     ap.add_argument("--only", help="one arm (tuning: online only, rule 1)")
     ap.add_argument("--prompts-per-step", type=int)
+    ap.add_argument("--sft-steps", type=int, help="the base policy's SFT steps")
+    ap.add_argument("--sft-lr", type=float)
     ap.add_argument("--png", type=Path, help="the figure (default: docs/testbed.png, full)")
     args = ap.parse_args(argv)
     setup = quick_setup() if args.quick else Setup()
-    for name in ("seeds", "steps", "lr", "prompts_per_step"):
+    for name in ("seeds", "steps", "lr", "prompts_per_step", "sft_steps", "sft_lr"):
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
     summary = run(setup, args.out, args.command == "build", args.base, args.only)
