@@ -1,0 +1,296 @@
+"""Issue 28: a testbed chosen by the question, where online GRPO learns in CPU minutes and
+stale sampling has a gap for humanline to close. Everything runs through the product's job
+path (api.embedded: API, in-process worker, job specs, evaluations, comparison report).
+
+Task: two-operand addition ``a+b=`` (operands drawn by a fixed RNG; train and held-out
+disjoint), the answer a number the product's ``math_accuracy`` verifier checks. Model: a small
+random-init Llama with the repo's tiny 512-token tokenizer; its base policy is a product
+``objective: sft`` job on a few worked sums (held-out accuracy roughly 20-50%).
+
+Arms (docs/replication.md, pre-registered rules): online (``sample_every: 1``), stale-S
+(``sample_every: S``, S × the data every S steps: same total), stale-S+humanline (k from the
+``math`` preset, 12) and a k sweep at the largest S. ≥ 5 seeds each.
+
+    python benchmarks/testbed.py build     # task files, random model, SFT base checkpoint
+    python benchmarks/testbed.py           # build (cached) + the whole study
+    python benchmarks/testbed.py --quick   # the path in < 2 min (make test); figures mean nothing
+
+The last line is one JSON object: every figure with its criterion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "client"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import testbed_figures as tf  # noqa: E402
+
+MATH_PRESET_K = 12  # contract/presets.py: the math preset's humanline_params.sync_every
+
+
+@dataclass
+class Setup:
+    # task
+    digits: tuple[int, int] = (3, 1)  # digits of the first and the second operand
+    train_size: int = 2000
+    eval_size: int = 200
+    # model: random Llama over the tiny tokenizer (vocab 512)
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    # base policy (product SFT job)
+    sft_steps: int = 300
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    # GRPO (tuned on the online arm only, then frozen)
+    steps: int = 64
+    prompts_per_step: int = 8
+    group: int = 8
+    lr: float = 1e-3
+    max_new_tokens: int = 6
+    stales: tuple[int, ...] = (8, 32)
+    k_sweep: tuple[int, ...] = (4, 24)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    eval_points: int = 4  # checkpoints evaluated along the way (the final one included)
+    eval_samples: int = 1
+
+
+def quick_setup() -> Setup:
+    return Setup(
+        train_size=64, eval_size=8, hidden=32, layers=1, heads=2, sft_steps=2, sft_batch=8,
+        steps=2, prompts_per_step=2, group=2, stales=(2,), k_sweep=(), seeds=[0, 1],
+        eval_points=1,
+    )  # fmt: skip
+
+
+# ---- the task ------------------------------------------------------------------------------
+def make_task(setup: Setup, out: Path) -> dict[str, Path]:
+    """Deterministic: sft (prompt/completion), grpo (prompt/answer), held-out (problem/answer)."""
+    from trainer import prompts
+
+    rng = random.Random(28)
+    da, db = setup.digits
+    seen: set[tuple[int, int]] = set()
+    rows: list[tuple[str, str]] = []
+    while len(rows) < 2 * setup.train_size + setup.eval_size:
+        a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in (da, db))
+        if (a, b) not in seen:
+            seen.add((a, b))
+            rows.append((f"{a}+{b}=", str(a + b)))
+    held = rows[: setup.eval_size]
+    sft = rows[setup.eval_size : setup.eval_size + setup.train_size]
+    grpo = rows[setup.eval_size + setup.train_size :]
+    paths = {k: out / f"addition_{k}.jsonl" for k in ("sft", "grpo", "heldout")}
+    paths["sft"].write_text(prompts.to_jsonl([{"prompt": q, "completion": a} for q, a in sft]))
+    paths["grpo"].write_text(prompts.to_jsonl(
+        [{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in grpo]
+    ))  # fmt: skip
+    paths["heldout"].write_text(prompts.to_jsonl([{"problem": q, "answer": a} for q, a in held]))
+    return paths
+
+
+def make_model(setup: Setup, out: Path) -> Path:
+    from trainer.modeling.sources import _tiny_tokenizer, save_random_llama
+
+    tok = _tiny_tokenizer()
+    shape = {"vocab_size": len(tok), "hidden_size": setup.hidden,
+             "intermediate_size": 4 * setup.hidden, "num_hidden_layers": setup.layers,
+             "num_attention_heads": setup.heads, "num_key_value_heads": setup.heads,
+             "tie_word_embeddings": True}  # fmt: skip
+    save_random_llama(out, shape, tok, seed=28, max_position_embeddings=64)
+    return out
+
+
+# ---- specs ----------------------------------------------------------------------------------
+def arms(setup: Setup) -> dict[str, tuple[int, int | None]]:
+    """name → (sample_every, humanline k or None)."""
+    out: dict[str, tuple[int, int | None]] = {"online": (1, None)}
+    for s in setup.stales:
+        out[f"stale-{s}"] = (s, None)
+        out[f"stale-{s}+humanline"] = (s, MATH_PRESET_K)
+    for k in setup.k_sweep:
+        out[f"stale-{max(setup.stales)}+humanline-k{k}"] = (max(setup.stales), k)
+    return out
+
+
+def sft_spec(setup: Setup, model: Path, file_id: str) -> dict[str, Any]:
+    return {"base_model": str(model), "training_file": file_id, "objective": {"name": "sft"},
+            "batch_size": setup.sft_batch, "max_steps": setup.sft_steps, "max_length": 32,
+            "max_prompt_length": 24,
+            "seed": 0, "optim": {"lr": setup.sft_lr, "warmup_ratio": 0.0},
+            "quality_sample": 0, "metadata": {"testbed": "base"}}  # fmt: skip
+
+
+def grpo_spec(setup: Setup, arm: str, seed: int, base: Path, file_id: str) -> dict[str, Any]:
+    every, k = arms(setup)[arm]
+    return {
+        "base_model": str(base),
+        "training_file": file_id,
+        "objective": {"name": "grpo"},
+        "data_source": "online",
+        "humanline": k is not None,
+        "humanline_params": {"sync_every": k or MATH_PRESET_K},
+        "batch_size": setup.prompts_per_step * setup.group,
+        "max_steps": setup.steps,
+        "max_length": 32,
+        "max_prompt_length": 24,
+        "seed": seed,
+        "optim": {"lr": setup.lr, "warmup_ratio": 0.0},
+        "checkpoint_every": max(1, setup.steps // setup.eval_points),
+        "quality_sample": 0,
+        "metadata": {"arm": arm, "testbed": "1"},
+        "online": {"engine": "hf", "num_samples": setup.group,
+                   "max_new_tokens": setup.max_new_tokens, "sample_every": every,
+                   "rewards": [{"name": "math_accuracy", "weight": 1.0}],
+                   "zero_variance_groups": "keep"},
+    }  # fmt: skip
+
+
+def eval_request(setup: Setup, eval_id: str) -> dict[str, Any]:
+    return {"file_id": eval_id, "kind": "math", "prompt_template": "{problem}",
+            "generation": {"n": setup.eval_samples, "temperature": 0.0,
+                           "max_new_tokens": setup.max_new_tokens, "seed": 0}}  # fmt: skip
+
+
+# ---- the run -------------------------------------------------------------------------------
+def build(
+    setup: Setup, root: Path, client: Any, reuse: Path | None = None
+) -> tuple[Path, dict[str, str], float]:
+    """Task files uploaded, random model, SFT base checkpoint downloaded (or `reuse`, a base
+    an earlier build made: copied, not retrained); base accuracy."""
+    import shutil
+
+    from replicate import pass_at_1
+
+    paths = make_task(setup, root)
+    ids = {k: client.files.upload(file=p, purpose="train" if k != "heldout" else "eval").id
+           for k, p in paths.items()}  # fmt: skip
+    if reuse is not None:
+        base = Path(shutil.copytree(reuse, root / "base"))
+    else:
+        init = make_model(setup, root / "init")
+        job = client.jobs.wait(client.jobs.create(**sft_spec(setup, init, ids["sft"])).id,
+                               timeout=3600)  # fmt: skip
+        if job.status != "succeeded":
+            raise RuntimeError(f"base SFT job {job.id} {job.status}: {job.error}")
+        base = client.jobs.download_model(job.id, root / "base")
+    ev = client.evaluations.create(base_model=str(base), **eval_request(setup, ids["heldout"]))
+    acc = pass_at_1(client.evaluations.wait(ev.id, timeout=3600))
+    print(f"base: {base} held-out accuracy {acc:.3f}", flush=True)
+    return Path(base), ids, acc
+
+
+def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> dict[str, Any]:
+    from replicate import pass_at_1
+
+    job = client.jobs.wait(job_id, timeout=7200)
+    if job.status != "succeeded":
+        raise RuntimeError(f"job {job_id} {job.status}: {job.error}")
+    metrics = [m.values | {"step": m.step} for m in client.jobs.metrics(job_id)]
+    curve = {}
+    for step in [c.step for c in client.jobs.checkpoints(job_id) if c.step < setup.steps]:
+        ev = client.evaluations.create(job_id=job_id, step=step, **request)
+        curve[step] = pass_at_1(client.evaluations.wait(ev.id, timeout=3600))
+    finals = [e for e in client.evaluations.list(job_id=job_id) if e.step is None]
+    curve[setup.steps] = pass_at_1(client.evaluations.wait(finals[0].id, timeout=3600))
+    sample_s = sum(m.get("round/sample_time", 0.0) for m in metrics)
+    rounds = sum(1 for m in metrics if "round/index" in m)
+    wall = (job.finished_at - job.started_at).total_seconds()
+    return {
+        "seed": seed, "job": job_id, "accuracy": curve[setup.steps], "curve": curve,
+        # each round samples `sample_every` steps' worth of sequences (the job's spec)
+        "samples_drawn": rounds * (job.spec.get("online") or {}).get("sample_every", 1)
+        * job.spec.get("batch_size", 0),
+        "rounds": rounds,
+        "sampling_s": sample_s, "training_s": wall - sample_s, "wall_clock_s": wall,
+        "clamp_frac_max": max((m.get("clamp_frac", 0.0) for m in metrics), default=0.0),
+        "clamp_frac_mean": tf.mean([m.get("clamp_frac", 0.0) for m in metrics]),
+        "kl_max": max((m.get("kl", 0.0) for m in metrics), default=0.0),
+        "kl_mean": tf.mean([m.get("kl", 0.0) for m in metrics]),
+    }  # fmt: skip
+
+
+def run(
+    setup: Setup, root: Path, only_build: bool, reuse: Path | None = None, only: str | None = None
+) -> dict[str, Any]:
+    from api.embedded import EmbeddedService
+
+    t0 = time.time()
+    env = {
+        "EVAL_SAMPLING_ENGINE": "hf",
+        "TOKENIZERS_PARALLELISM": "false",
+        # the operator mounts the testbed's model directories (users never name a path)
+        "ALLOWED_BASE_MODELS": f"tiny-llama,{root / 'init'},{root / 'base'}",
+    }
+    with EmbeddedService(root, team="testbed", env=env) as service:
+        from humanline_client import Client
+
+        client = Client(base_url=service.base_url, api_key=service.key, timeout=120)
+        base, ids, base_acc = build(setup, root, client, reuse)
+        if only_build:
+            return {"base": str(base), "base_accuracy": base_acc, "build_s": time.time() - t0}
+        request = eval_request(setup, ids["heldout"])
+        jobs: dict[str, list[str]] = {a: [] for a in arms(setup) if only in (None, a)}
+        for seed in setup.seeds:
+            for arm in jobs:
+                spec = grpo_spec(setup, arm, seed, base, ids["grpo"])
+                jobs[arm].append(client.jobs.create(**spec, evaluations=[request]).id)
+        results: dict[str, list[dict]] = {arm: [] for arm in jobs}
+        for arm, job_ids in jobs.items():
+            for seed, job_id in zip(setup.seeds, job_ids, strict=True):
+                results[arm].append(follow(client, job_id, seed, setup, request))
+                print(f"{arm} seed {seed}: {json.dumps(results[arm][-1])}", flush=True)
+        client.reports.compare(
+            jobs=[i for v in jobs.values() for i in v], format="html", metric="pass_at_1",
+            file_id=ids["heldout"], to=root / "compare.html",
+        )  # fmt: skip
+    if only is not None:  # a tuning run (online arm only): its curve, no comparison
+        return {"setup": asdict(setup), "base_accuracy": base_acc, "arms": results}
+    summary = tf.figures(asdict(setup), results, base_acc, MATH_PRESET_K)
+    summary["wall_clock_total_s"] = time.time() - t0
+    summary["report"] = str(root / "compare.html")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", nargs="?", choices=["build", "study"], default="study")
+    ap.add_argument("--quick", action="store_true", help="the path only, in < 2 minutes")
+    ap.add_argument("--seeds", type=int, nargs="+")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--out", type=Path, default=REPO / ".humanline" / "testbed")
+    ap.add_argument("--base", type=Path, help="reuse the base model an earlier build made")
+    ap.add_argument("--only", help="one arm (tuning: online only, rule 1)")
+    ap.add_argument("--prompts-per-step", type=int)
+    ap.add_argument("--sft-steps", type=int, help="the base policy's SFT steps")
+    ap.add_argument("--sft-lr", type=float)
+    ap.add_argument("--png", type=Path, help="the figure (default: docs/testbed.png, full)")
+    args = ap.parse_args(argv)
+    setup = quick_setup() if args.quick else Setup()
+    for name in ("seeds", "steps", "lr", "prompts_per_step", "sft_steps", "sft_lr"):
+        if getattr(args, name) is not None:
+            setattr(setup, name, getattr(args, name))
+    summary = run(setup, args.out, args.command == "build", args.base, args.only)
+    if args.command == "study" and args.only is None:
+        png = args.png or (args.out / "testbed.png" if args.quick else REPO / "docs/testbed.png")
+        tf.plot(summary, png)
+        summary["png"] = str(png)
+    summary["mode"] = "quick" if args.quick else "full"
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
