@@ -41,6 +41,8 @@ CAPS: tuple[tuple[str, str], ...] = (
     ("online.prompt_budget", "CAP_PROMPT_BUDGET"),
     ("online.vllm.max_model_len", "CAP_MAX_MODEL_LEN"),
     ("online.vllm.kv_cache_gib", "CAP_KV_CACHE_GIB"),
+    ("parallelism.nodes", "MAX_NODES"),
+    ("parallelism.processes_per_node", "MAX_PROCESSES_PER_NODE"),
 )
 REWARD_TIMEOUT_OPTIONS = ("timeout_s", "start_timeout_s")
 
@@ -66,6 +68,13 @@ def check_caps(spec: JobSpec, settings: Settings) -> None:
         value, cap = _value(spec, field), getattr(settings, setting)
         if value is not None and value > cap:
             _over(field, value, cap)
+    if spec.parallelism.nodes > 1 and settings.MULTINODE_LAUNCHER == "none":
+        raise api_error(
+            422,
+            f"parallelism.nodes {spec.parallelism.nodes}: this service runs a job on one node "
+            "only (no multi-node launcher: MULTINODE_LAUNCHER is 'none')",
+            field="parallelism.nodes",
+        )
     modules = spec.adapter.target_modules
     if lora and len(modules) > settings.CAP_TARGET_MODULES:
         _over("adapter.target_modules", f"({len(modules)} entries)", settings.CAP_TARGET_MODULES)

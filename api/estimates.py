@@ -46,7 +46,7 @@ def estimate_for(
             file_bytes=file_bytes,
             records=records,
             device=settings.JOB_DEVICE_KIND,
-            processes=settings.JOB_PROCESSES,
+            processes=spec.parallelism.world_size(settings.JOB_PROCESSES),  # all nodes
             memory_bytes=memory_per_process(settings),
         )
     except ValueError as e:  # the batch does not split over the queue's processes

@@ -17,13 +17,26 @@ Torch-free (the API validates with it). Two strategies, both on the same launche
 `reshard_after_forward` (FSDP only): free the gathered weights after each layer's forward and
 gather them again for backward (ZeRO-3, least memory, the default) or keep them until backward
 (ZeRO-2: one all-gather per layer and step fewer, the whole model's weights held per step).
+
+Several nodes (issue 26; docs/deploy.md): `nodes` > 1 runs one job as a Kubeflow Trainer
+TrainJob of `nodes` pods with `processes_per_node` processes each (required then: the world
+size is `nodes * processes_per_node`). `processes_per_node` None keeps today's rule (metadata
+`gpus`, else the worker's GPUs). `hsdp` (FSDP only, nodes > 1): shard within a node, replicate
+across nodes (a 2-D mesh (nodes, processes_per_node), dims ("replicate", "shard")).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    model_validator,
+)
 
 Strategy = Literal["ddp", "fsdp"]
 
@@ -35,10 +48,40 @@ class ParallelConfig(BaseModel):
     reshard_after_forward: bool = Field(
         True, description="FSDP: re-gather weights for backward (least memory) or keep them."
     )
+    nodes: int = Field(1, ge=1, description="Nodes (pods) the job spans; > 1: a TrainJob.")
+    processes_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="Training processes per node; required when nodes > 1. None: metadata "
+        "`gpus`, else the worker's GPUs.",
+    )
+    hsdp: bool = Field(
+        False, description="FSDP across nodes: shard within a node, replicate across nodes."
+    )
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> ParallelConfig:
+        if self.nodes > 1 and self.processes_per_node is None:
+            raise ValueError("processes_per_node is required when nodes > 1")
+        if self.hsdp and not self.fsdp:
+            raise ValueError("hsdp needs strategy 'fsdp'")
+        if self.hsdp and self.nodes == 1:
+            raise ValueError("hsdp needs nodes > 1 (it replicates across nodes)")
+        return self
 
     @property
     def fsdp(self) -> bool:
         return self.strategy == "fsdp"
+
+    @property
+    def multinode(self) -> bool:
+        return self.nodes > 1
+
+    def world_size(self, default_per_node: int = 1) -> int:
+        """Processes in all: nodes * processes_per_node, `default_per_node` standing in for
+        an unset processes_per_node (the worker's GPUs or metadata `gpus`)."""
+        per_node = self.processes_per_node or max(1, default_per_node)
+        return self.nodes * per_node
 
 
 def _fits_job(value: ParallelConfig, info: ValidationInfo) -> ParallelConfig:

@@ -129,6 +129,16 @@ class Settings(BaseSettings):
         "32 pairs, ~3.8 GiB at one pair, checkpointed); a set grad_accum is priced as given. "
         "The default refuses only what no worker could run; set it to the workers' memory.",
     )
+    # Several nodes per job (issue 26, docs/deploy.md): parallelism.nodes > 1.
+    MULTINODE_LAUNCHER: Literal["none", "trainjob"] = Field(
+        "none",
+        description="How a job with parallelism.nodes > 1 runs: 'trainjob' (a Kubeflow Trainer "
+        "TrainJob, deploy/k8s/); 'none' refuses such jobs (422).",
+    )
+    MAX_NODES: int = Field(8, ge=1, le=1024, description="parallelism.nodes.")
+    MAX_PROCESSES_PER_NODE: int = Field(
+        8, ge=1, le=64, description="parallelism.processes_per_node."
+    )
     # The cost estimate (contract.estimate, POST /v1/jobs/estimate): what the job queue runs on.
     JOB_DEVICE_KIND: Literal["cpu", "h100", "h200"] = Field(
         "cpu",

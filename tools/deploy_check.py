@@ -354,10 +354,13 @@ def check_k8s(root: Path = ROOT, text: str | None = None) -> list[str]:
 
 
 def all_problems(root: Path = ROOT) -> list[str]:
+    from tools.deploy_trainjob import check_trainjob  # it imports this module
+
     return [
         *(p for f in DOCKERFILES for p in check_dockerfile(f, root)),
         *check_compose(root),
         *check_k8s(root),
+        *check_trainjob(root),
     ]
 
 

@@ -77,6 +77,28 @@ class WorkerSettings(Settings):
         "for its error (worker.attempt.stderr_tail).",
     )
 
+    TRAINJOB_NAMESPACE: str = Field(
+        "default", description="Kubernetes namespace of multi-node TrainJobs (Kubeflow Trainer)."
+    )
+    TRAINJOB_RUNTIME: str = Field(
+        "humanline-torch",
+        description="The ClusterTrainingRuntime a TrainJob references (deploy/k8s/).",
+    )
+    TRAINJOB_QUEUE: str = Field(
+        "", description="Kueue LocalQueue of TrainJobs; empty = no Kueue (admitted at once)."
+    )
+    TRAINJOB_IMAGE: str = Field(
+        "", description="Trainer image of TrainJobs; empty = the runtime's image."
+    )
+    RECONCILE_SECONDS: float = Field(
+        15.0, gt=0, description="Period of the reconcile sweep over multi-node jobs."
+    )
+    HANG_SECONDS: float = Field(
+        1800.0,
+        gt=0,
+        description="A multi-node job with no new step for this long is deleted and retried.",
+    )
+
     @field_validator("WORKER_GPUS")
     @classmethod
     def _check_worker_gpus(cls, value: str) -> str:

@@ -394,10 +394,14 @@ class VLLMParams(TypedDict, total=False):
 
 
 class ParallelParams(TypedDict, total=False):
-    """How a multi-process job spreads: {"strategy": "fsdp"} shards it (FSDP2)."""
+    """How a multi-process job spreads: {"strategy": "fsdp"} shards it (FSDP2); several nodes:
+    {"nodes": 2, "processes_per_node": 8, "strategy": "fsdp", "hsdp": True}."""
 
     strategy: Literal["ddp", "fsdp"]
     reshard_after_forward: bool
+    nodes: int
+    processes_per_node: int
+    hsdp: bool
 
 
 class OnlineParams(TypedDict, total=False):

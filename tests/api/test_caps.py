@@ -62,6 +62,8 @@ OVER = [
         "adapter.target_modules",
         64,
     ),
+    ({"parallelism": {"nodes": 9, "processes_per_node": 1}}, "parallelism.nodes", 8),
+    ({"parallelism": {"processes_per_node": 9}}, "parallelism.processes_per_node", 8),
 ]
 
 
@@ -270,3 +272,20 @@ def test_the_openai_route_has_the_memory_cap_too(client, team_a, train_file, set
         },
     )
     assert r.status_code == 422 and "cap of 0.5 GiB" in r.json()["error"]["message"], r.text
+
+
+def test_several_nodes_need_a_multinode_launcher(client, team_a, train_file, queue, settings):
+    """parallelism.nodes > 1 on a deployment without MULTINODE_LAUNCHER: 422 naming the field,
+    nothing queued; with the TrainJob launcher configured the same job is admitted."""
+    two = {"nodes": 2, "processes_per_node": 2}
+    body = job_body(train_file, parallelism=two)
+    r = client.post("/v1/jobs", headers=team_a.headers, json=body)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "parallelism.nodes", r.text
+    assert "MULTINODE_LAUNCHER" in r.json()["error"]["message"] and queue.job_ids == []
+    settings.MULTINODE_LAUNCHER = "trainjob"
+    ok = client.post("/v1/jobs", headers=team_a.headers, json=body)
+    assert ok.status_code == 201, ok.text
+    assert ok.json()["spec"]["parallelism"] | two == ok.json()["spec"]["parallelism"]
+    hsdp = job_body(train_file, parallelism={**two, "hsdp": True})  # ddp: not a 500
+    bad = client.post("/v1/jobs", headers=team_a.headers, json=hsdp)
+    assert bad.status_code == 422 and "hsdp" in bad.text

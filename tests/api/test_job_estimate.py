@@ -129,6 +129,24 @@ def test_a_gpu_queue_prices_gpus_and_its_memory(gpu_settings, store, queue, db_s
     assert odd.status_code == 422 and odd.json()["error"]["field"] == "batch_size"
 
 
+def test_several_nodes_price_every_gpu(gpu_settings, store, queue, db_sessions, team_a):
+    """nodes × processes_per_node GPUs, not the queue's JOB_PROCESSES (2)."""
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from tests.api.conftest import upload
+
+    settings = gpu_settings.model_copy(update={"MULTINODE_LAUNCHER": "trainjob"})
+    client = TestClient(create_app(settings, store=store, queue=queue, session_factory=db_sessions))
+    file_id = upload(client, team_a).json()["id"]
+    two = {"nodes": 2, "processes_per_node": 2, "strategy": "fsdp", "hsdp": True}
+    body = job_body(file_id, max_steps=10, parallelism=two)
+    est = client.post("/v1/jobs/estimate", headers=team_a.headers, json=body).json()
+    assert est["gpus"] == 4 and est["processes"] == 4, est
+    assert est["micro_batch"] * est["grad_accum"] == 1  # 4 pairs over 4 processes
+    assert est["gpu_hours"] == pytest.approx(est["wall_clock_seconds"] * 4 / 3600, rel=1e-3)
+
+
 def test_the_jobs_report_shows_its_estimate(client, team_a, train_file):
     job = create_job(client, team_a, train_file)
     report = client.get(f"/v1/jobs/{job['id']}/report", headers=team_a.headers).json()
