@@ -33,16 +33,6 @@ from worker.runner import Runner
 pytestmark = pytest.mark.usefixtures("_pg_engine")
 
 
-@pytest.fixture(autouse=True)
-def _spec_knows_nodes(monkeypatch):
-    """Until contract.parallel has `nodes` (H-spec), a spec with it does not validate where the
-    worker re-reads it (the job's evaluations at success): skip that read."""
-    from contract.parallel import ParallelConfig
-
-    if "nodes" not in ParallelConfig.model_fields:
-        monkeypatch.setattr("worker.reconcile_tick.create_job_evaluations", lambda *a: [])
-
-
 class Env:
     def __init__(
         self, pg_url: str, engine: Any, tmp_path: Any, attempts: int = 3, store: Any = None
