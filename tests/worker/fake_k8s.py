@@ -17,7 +17,10 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from kubernetes import client
 
-_TRAINJOBS = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?$")
+_TRAINJOBS = re.compile(
+    r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?$"
+)
+JOBSET = "jobset.sigs.k8s.io/jobset-name"
 _PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+)/log)?$")
 
 
@@ -66,8 +69,15 @@ class FakeK8s:
     ) -> None:
         obj = self.trainjobs[(namespace, name)]
         conds = [c for c in obj.setdefault("status", {}).get("conditions", []) if c["type"] != type]
-        conds.append({"type": type, "status": status, "reason": reason, "message": message,
-                      "lastTransitionTime": "2026-01-01T00:00:00Z"})
+        conds.append(
+            {
+                "type": type,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        )
         obj["status"]["conditions"] = conds
         if type == "Suspended" and status == "False":
             obj["spec"]["suspend"] = False
@@ -76,18 +86,27 @@ class FakeK8s:
         self, name: str, phases: list[str], namespace: str = "default", log: str = ""
     ) -> None:
         """The JobSet's pods of TrainJob `name`: one per node, node i in phase phases[i]."""
-        for key in [k for k, p in self.pods.items() if p["metadata"]["labels"].get(
-                "jobset.sigs.k8s.io/jobset-name") == name and k[0] == namespace]:
+        for key in [
+            k
+            for k, p in self.pods.items()
+            if p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
+            and k[0] == namespace
+        ]:
             del self.pods[key]
         for i, phase in enumerate(phases):
             pod = f"{name}-node-{i}-0-x{i}"
             self.pods[(namespace, pod)] = {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": namespace, "labels": {
-                    "jobset.sigs.k8s.io/jobset-name": name,
-                    "jobset.sigs.k8s.io/replicatedjob-name": "node",
-                    "jobset.sigs.k8s.io/job-index": str(i),
-                }},
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod,
+                    "namespace": namespace,
+                    "labels": {
+                        "jobset.sigs.k8s.io/jobset-name": name,
+                        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                        "jobset.sigs.k8s.io/job-index": str(i),
+                    },
+                },
                 "spec": {"containers": [{"name": "node", "image": "trainer"}]},
                 "status": {"phase": phase},
             }
@@ -125,31 +144,47 @@ class FakeK8s:
         if name is None and method == "POST":
             name = body["metadata"]["name"]
             if (ns, name) in self.trainjobs:
-                return 409, _status(409, f'trainjobs.trainer.kubeflow.org "{name}" already exists',
-                                    "AlreadyExists")
+                return 409, _status(
+                    409, f'trainjobs.trainer.kubeflow.org "{name}" already exists', "AlreadyExists"
+                )
             obj = json.loads(json.dumps(body))
-            obj["metadata"].update(namespace=ns, uid=f"uid-{len(self.requests)}",
-                                   creationTimestamp="2026-01-01T00:00:00Z")
+            obj["metadata"].update(
+                namespace=ns,
+                uid=f"uid-{len(self.requests)}",
+                creationTimestamp="2026-01-01T00:00:00Z",
+            )
             self.trainjobs[(ns, name)] = obj
             return 201, obj
         if name is None and method == "GET":
             items = [o for (n, _), o in self.trainjobs.items() if n == ns]
-            return 200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJobList",
-                         "metadata": {}, "items": items}
+            return 200, {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJobList",
+                "metadata": {},
+                "items": items,
+            }
         obj = self.trainjobs.get((ns, name or ""))
         if obj is None:
-            return 404, _status(404, f'trainjobs.trainer.kubeflow.org "{name}" not found', "NotFound")
+            return 404, _status(
+                404, f'trainjobs.trainer.kubeflow.org "{name}" not found', "NotFound"
+            )
         if method == "GET":
             return 200, obj
         if method == "DELETE":
             del self.trainjobs[(ns, name or "")]
-            for key in [k for k, p in self.pods.items() if k[0] == ns and p["metadata"]["labels"].get(
-                    "jobset.sigs.k8s.io/jobset-name") == name]:
+            for key in [
+                k
+                for k, p in self.pods.items()
+                if k[0] == ns
+                and p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name
+            ]:
                 del self.pods[key]
             return 200, _status(200, "deleted", "")
         return 405, _status(405, f"{method} not allowed")
 
-    def _pods(self, method: str, ns: str, pod: str | None, query: dict[str, list[str]]) -> tuple[int, Any]:
+    def _pods(
+        self, method: str, ns: str, pod: str | None, query: dict[str, list[str]]
+    ) -> tuple[int, Any]:
         if pod is not None:
             if (ns, pod) not in self.pods:
                 return 404, _status(404, f'pods "{pod}" not found', "NotFound")
@@ -157,14 +192,23 @@ class FakeK8s:
             tail = int(query.get("tailLines", ["0"])[0] or 0)
             return 200, "".join(lines[-tail:] if tail else lines)
         wanted = dict(s.split("=", 1) for s in query.get("labelSelector", [""])[0].split(",") if s)
-        items = [p for (n, _), p in self.pods.items() if n == ns and all(
-            p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        items = [
+            p
+            for (n, _), p in self.pods.items()
+            if n == ns and all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        ]
         return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
 
 
 def _status(code: int, message: str, reason: str = "Failure") -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure" if code >= 400 else "Success",
-            "message": message, "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure" if code >= 400 else "Success",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def _handler(fake: FakeK8s) -> type[BaseHTTPRequestHandler]:

@@ -8,7 +8,7 @@ import time
 import pytest
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
-from tests.worker.fake_k8s import FakeK8s, fake_k8s  # noqa: F401  (the fixture)
+from tests.worker.fake_k8s import FakeK8s
 from worker.launchers import LauncherError, LaunchRequest, LaunchState
 from worker.launchers.trainjob import TrainJobLauncher, trainjob_name
 
@@ -30,8 +30,13 @@ def request(job: str = JOB, attempt: int = 1) -> LaunchRequest:
 
 def launcher(fake: FakeK8s, queue: str | None = "gpu-queue", **kw: object) -> TrainJobLauncher:
     return TrainJobLauncher(
-        "default", "humanline-trainer", "trainer:1", queue, api_client=fake.api_client,
-        backoff_s=0.01, **kw,  # type: ignore[arg-type]
+        "default",
+        "humanline-trainer",
+        "trainer:1",
+        queue,
+        api_client=fake.api_client,
+        backoff_s=0.01,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -96,7 +101,10 @@ def test_failed_carries_reason_and_message(fake_k8s: FakeK8s) -> None:
     fake_k8s.set_condition(name, "Failed", reason="JobsFailed", message="node-1 exited 1")
     status = tj.poll(name)
     assert (status.state, status.reason, status.message) == (
-        LaunchState.FAILED, "JobsFailed", "node-1 exited 1")
+        LaunchState.FAILED,
+        "JobsFailed",
+        "node-1 exited 1",
+    )
 
 
 def test_cancel_deletes_foreground_and_missing_then_reappears(fake_k8s: FakeK8s) -> None:

@@ -27,7 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from worker.launchers.base import LaunchRequest, LauncherError, LaunchState, LaunchStatus
+from worker.launchers.base import LauncherError, LaunchRequest, LaunchState, LaunchStatus
 
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -204,9 +204,10 @@ class TrainJobLauncher:
 
     def logs(self, name: str, tail_lines: int = 200) -> str:
         pods = self._pods(name, {REPLICATED_JOB: NODE, JOB_INDEX: "0"})
-        if not pods:
+        names = sorted(p.metadata.name for p in pods if p.metadata and p.metadata.name)
+        if not names:
             return ""
-        pod = sorted(pods, key=lambda p: p.metadata.name)[0].metadata.name
+        pod = names[0]
         try:
             text = self._call(
                 f"read the log of pod {pod}",
@@ -232,7 +233,7 @@ class TrainJobLauncher:
             )
         except _Missing:
             return None
-        return dict(obj)
+        return obj if isinstance(obj, dict) else None
 
     def _pods(self, name: str, extra: dict[str, str] | None = None) -> list[client.V1Pod]:
         selector = ",".join(f"{k}={v}" for k, v in {JOBSET_NAME: name, **(extra or {})}.items())
