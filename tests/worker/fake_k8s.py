@@ -94,7 +94,7 @@ class FakeK8s:
         ]:
             del self.pods[key]
         for i, phase in enumerate(phases):
-            pod = f"{name}-node-{i}-0-x{i}"
+            pod = f"{name}-node-0-{'zyxwvu'[i % 6]}{i}"  # node 1 sorts first: select, not sort
             self.pods[(namespace, pod)] = {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -104,7 +104,8 @@ class FakeK8s:
                     "labels": {
                         "jobset.sigs.k8s.io/jobset-name": name,
                         "jobset.sigs.k8s.io/replicatedjob-name": "node",
-                        "jobset.sigs.k8s.io/job-index": str(i),
+                        "jobset.sigs.k8s.io/job-index": "0",  # one indexed Job of numNodes pods
+                        "batch.kubernetes.io/job-completion-index": str(i),
                     },
                 },
                 "spec": {"containers": [{"name": "node", "image": "trainer"}]},

@@ -8,7 +8,9 @@ PET_MASTER_ADDR and PET_MASTER_PORT. The launcher sets `command: [torchrun]` and
 args (the trainer's argv after torchrun, e.g. `-m trainer run SPEC_URL ...`).
 
 JobSet pods carry `jobset.sigs.k8s.io/jobset-name` (= the TrainJob's name),
-`jobset.sigs.k8s.io/replicatedjob-name` and `jobset.sigs.k8s.io/job-index` (node 0 = index 0).
+`jobset.sigs.k8s.io/replicatedjob-name` (`node`) and `jobset.sigs.k8s.io/job-index`; the torch
+runtime's `node` is ONE indexed Job of numNodes pods, so node k is the pod whose
+`batch.kubernetes.io/job-completion-index` is k (PET_NODE_RANK comes from it).
 
 Every API call has a request timeout; transient failures (5xx, 429, timeouts, connection
 errors) are retried a bounded number of times with exponential backoff, then raise
@@ -42,6 +44,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 MAX_NAME = 63
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -203,7 +206,7 @@ class TrainJobLauncher:
         self._delete(name)
 
     def logs(self, name: str, tail_lines: int = 200) -> str:
-        pods = self._pods(name, {REPLICATED_JOB: NODE, JOB_INDEX: "0"})
+        pods = self._pods(name, {REPLICATED_JOB: NODE, JOB_INDEX: "0", COMPLETION_INDEX: "0"})
         names = sorted(p.metadata.name for p in pods if p.metadata and p.metadata.name)
         if not names:
             return ""
