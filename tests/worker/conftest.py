@@ -23,6 +23,7 @@ from models.teams import create_api_key, create_team
 from storage import open_store
 from tests.fixtures.rows import add_file
 from tests.fixtures.services import REPO, wait_for, wait_job_done  # fixtures: the plugin
+from tests.worker.fake_k8s import fake_k8s  # noqa: F401  (the fixture)
 from trainer.synthetic import preference_records
 from worker.config import WorkerSettings
 

@@ -22,6 +22,11 @@ from enum import StrEnum
 from typing import Protocol
 
 
+class LauncherError(Exception):
+    """The launcher could not do what was asked (the cluster refused, or stayed unreachable
+    after a bounded number of tries); the message says which call, on what, and why."""
+
+
 class LaunchState(StrEnum):
     PENDING = "pending"
     STARTING = "starting"
