@@ -87,7 +87,7 @@ app.conf.update(
 
 SWEEP_STORAGE = "worker.tasks.sweep_storage"
 RECONCILE_JOBS = "worker.tasks.reconcile_jobs"
-RECONCILE_SECONDS = float(getattr(settings, "RECONCILE_SECONDS", 15.0))
+RECONCILE_SECONDS = settings.RECONCILE_SECONDS
 app.conf.beat_schedule = {
     # multi-node jobs (worker.reconcile): a no-op query when there are none
     "reconcile-jobs": {

@@ -73,7 +73,7 @@ class Reconciler:
 
     @property
     def hang_seconds(self) -> float:
-        return float(getattr(self.settings, "HANG_SECONDS", 1800.0))
+        return float(self.settings.HANG_SECONDS)
 
     def first_launch(self, job: Job, worker_id: str) -> Any:
         """run_job's attempt (worker.attempt.claim_and_run runs it): `job` was just claimed

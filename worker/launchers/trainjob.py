@@ -330,8 +330,8 @@ def trainjob_launcher(settings: Any) -> TrainJobLauncher:
     """The launcher the deployment's settings describe (TRAINJOB_NAMESPACE, TRAINJOB_RUNTIME,
     TRAINJOB_QUEUE, TRAINJOB_IMAGE)."""
     return TrainJobLauncher(
-        namespace=getattr(settings, "trainjob_namespace", None) or "default",
-        runtime=getattr(settings, "trainjob_runtime", None) or "humanline-trainer",
-        image=getattr(settings, "trainjob_image", None) or None,
-        queue=getattr(settings, "trainjob_queue", None) or None,
+        namespace=settings.TRAINJOB_NAMESPACE,
+        runtime=settings.TRAINJOB_RUNTIME,
+        image=settings.TRAINJOB_IMAGE or None,
+        queue=settings.TRAINJOB_QUEUE or None,
     )
