@@ -15,7 +15,8 @@ store), evaluate (evaluation's prepare and conclude),
 job_evaluations (evaluations a spec names, created when its job succeeds), config
 (WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
 gpus (WORKER_GPUS and the placement check), launchers (how an attempt's ranks are started
-and followed: the local subprocess or a Kubeflow TrainJob, one interface), tail (JSONL files as they grow), reaper
+and followed: the local subprocess or a Kubeflow TrainJob, one interface), tail (JSONL
+files as they grow), reaper
 (expired leases and lost messages), webhooks (webhook deliveries: signed, ordered, retried),
 sweeper (orphaned temp files and objects), scrub (no
 server path, hostname or pid in what a team reads), celery_app + tasks (Celery), embedded
