@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: `python tools/deploy_check.py`
     sys.path.insert(0, str(ROOT))
 
+from tools.deploy_trainjob import check_trainjob  # noqa: E402
 from worker.gpus import parse_worker_gpus  # noqa: E402  (needs the path set above)
 from worker.routing import CPU_QUEUE, GPU_QUEUE  # noqa: E402
 
@@ -354,13 +355,12 @@ def check_k8s(root: Path = ROOT, text: str | None = None) -> list[str]:
 
 
 def all_problems(root: Path = ROOT) -> list[str]:
-    from tools.deploy_trainjob import check_trainjob  # it imports this module
 
     return [
         *(p for f in DOCKERFILES for p in check_dockerfile(f, root)),
         *check_compose(root),
         *check_k8s(root),
-        *check_trainjob(root),
+        *check_trainjob(built_images(root), root),
     ]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tools.deploy_check import ROOT, built_images
+ROOT = Path(__file__).resolve().parents[1]
 
 PATH = "deploy/k8s/trainjob.yaml"
 RUNTIME_NAME = "humanline-torch"  # worker.config TRAINJOB_RUNTIME's default
@@ -31,7 +31,11 @@ def load(root: Path = ROOT, text: str | None = None) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((root / PATH).read_text() if text is None else text) if d]
 
 
-def check_trainjob(root: Path = ROOT, text: str | None = None) -> list[str]:
+def check_trainjob(
+    images: dict[str, tuple[str, str | None]], root: Path = ROOT, text: str | None = None
+) -> list[str]:
+    """Problems of the runtime and RBAC; `images`: image → (dockerfile, target), what
+    tools.deploy_check.built_images reads from the Dockerfiles (it calls this one)."""
     docs = load(root, text)
     runtimes = [d for d in docs if d.get("kind") == "ClusterTrainingRuntime"]
     if [r["metadata"]["name"] for r in runtimes] != [RUNTIME_NAME]:
@@ -50,7 +54,7 @@ def check_trainjob(root: Path = ROOT, text: str | None = None) -> list[str]:
     node = next((c for c in pod.get("containers", []) if c.get("name") == "node"), None)
     if node is None:
         return [*problems, f"{PATH}: no container named 'node' (Trainer's torch plugin)"]
-    image = built_images(root).get(node["image"])
+    image = images.get(node["image"])
     if image is None:
         problems.append(f"{PATH}: image {node['image']} is built by no Dockerfile line")
     elif image[1] == "cpu":

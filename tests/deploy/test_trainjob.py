@@ -12,6 +12,7 @@ from kubeflow_trainer_api import models
 from pydantic import ValidationError
 
 from tools import deploy_trainjob as dt
+from tools.deploy_check import built_images
 
 
 def runtime() -> dict:
@@ -54,14 +55,14 @@ def test_a_misspelled_field_or_a_wrong_type_fails_validation():
 def _check(mutate) -> list[str]:
     docs = dt.load()
     mutate({(d["kind"], d["metadata"]["name"]): d for d in docs})
-    return dt.check_trainjob(text=yaml.safe_dump_all(docs))
+    return dt.check_trainjob(built_images(), text=yaml.safe_dump_all(docs))
 
 
 RT = ("ClusterTrainingRuntime", dt.RUNTIME_NAME)
 
 
 def test_the_repository_is_consistent():
-    assert dt.check_trainjob() == []
+    assert dt.check_trainjob(built_images()) == []
 
 
 def test_trainjob_checks_can_fail():
