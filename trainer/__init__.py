@@ -22,7 +22,8 @@ and reports/ (statistics, the code version); the service never imports it: a wor
     modeling/       model sources, policy loading (full or LoRA), the exported model card
     distributed     DDP or FSDP2 behind one interface; dtensors the DTensor helpers it shares
     checkpoint      save/load every state a resume needs (DCP shards, committed by a marker);
-                    checkpoint_v1 the format 1 loader; ckptio a checkpoint root, local or URL
+                    checkpoint_v1 the format 1 loader; ckptio a checkpoint root, local or URL;
+                    ckptstate what a checkpoint's plain files may hold, read safely
     process         a process's Accelerator, seeds and run result
     remote          a rank with no shared disk: spec and data from URLs, the run log mirrored
     runlog          the run directory's files

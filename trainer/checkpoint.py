@@ -44,18 +44,13 @@ from __future__ import annotations
 
 import io
 import json
-import pickle
-import random
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import numpy as np
 import torch
-from numpy._core.multiarray import _reconstruct as np_reconstruct
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint._nested_dict import set_element
 
@@ -71,47 +66,14 @@ from contract.runs import (
 )
 from trainer import ckptio
 from trainer.ckptio import Root
-from trainer.online.rounds import Round
-from trainer.recipes.grpo import GRPOGroup
-from trainer.recipes.kto import Unpaired
-from trainer.tokenize import TokenSeq
-
-# The classes a checkpoint may hold besides tensors and plain data: an online round's
-# examples (OnlineData.state_dict), and numpy arrays, which rank files written before numpy's
-# RNG state was saved as a list hold (rebuilding an array runs no code; torch's documented
-# allowlist for them). Anything else in a .pt file is refused.
-CHECKPOINT_TYPES: list[Any] = [
-    Round, TokenSeq, GRPOGroup, Unpaired, np.ndarray, np.dtype, np.dtypes.UInt32DType,
-    np_reconstruct,
-]  # fmt: skip
-
-
-class UnsafeCheckpoint(ValueError):
-    """A checkpoint file holds something other than tensors, plain data and CHECKPOINT_TYPES."""
-
-
-def load_state(path: Root, source: IO[bytes] | None = None) -> Any:
-    """torch.load(path) (or of `source`, the bytes read from `path`) with weights_only=True and
-    CHECKPOINT_TYPES allowed; raises UnsafeCheckpoint for a file that would need more (a pickle
-    that runs code on load)."""
-    try:
-        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
-            return torch.load(source or path, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        # torch's line naming what was refused ("... GLOBAL posix.system ..."), not its
-        # advice to load the file with weights_only=False
-        lines = str(exc).splitlines()
-        reason = next((ln.strip() for ln in lines if "global" in ln.lower()), "not allowed")
-        raise UnsafeCheckpoint(
-            f"checkpoint file {Path(str(path)).name} holds more than tensors and plain data; "
-            f"refusing to load it ({reason})"
-        ) from None
-
-
-@dataclass
-class Checkpoint:
-    step: int
-    path: Root
+from trainer.ckptstate import (  # noqa: F401 (re-exported: the checkpoint's API)
+    CHECKPOINT_TYPES,
+    Checkpoint,
+    UnsafeCheckpoint,
+    load_state,
+    rng_state,
+    set_rng_state,
+)
 
 
 def checkpoint_dir(out_dir: Path) -> Path:
@@ -147,32 +109,6 @@ def _save_bytes(path: Root, obj: Any) -> None:
     ckptio.write_bytes(path, buffer.getvalue())
 
 
-def _rng_state() -> dict:
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": _numpy_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _numpy_state() -> tuple:
-    """numpy's legacy generator state as plain data (its keys as a list, not an ndarray)."""
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    return name, np.asarray(keys).tolist(), pos, has_gauss, cached_gaussian
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def save(
     root: Root,
     step: int,
@@ -205,7 +141,7 @@ def save(
             no_dist=_alone(),
         )
     rank = acc.process_index
-    mine = {"rng": _rng_state(), "reference": reference.state_dict()}
+    mine = {"rng": rng_state(), "reference": reference.state_dict()}
     _save_bytes(ckptio.join(path, f"rank-{rank}.pt"), mine)
     if acc.is_main_process:
         _save_bytes(ckptio.join(path, "scheduler.pt"), scheduler.state_dict())
@@ -329,7 +265,7 @@ def load(
             )
         ]
         reference.load_state_dict({"rows": rows})
-    _set_rng_state(own["rng"])
+    set_rng_state(own["rng"])
     return state
 
 

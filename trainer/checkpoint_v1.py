@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer import ckptio
-from trainer.checkpoint import Checkpoint, _set_rng_state, load_state
+from trainer.ckptstate import Checkpoint, load_state, set_rng_state
 
 
 def load_v1(
@@ -49,5 +49,5 @@ def load_v1(
     mine = load_state(path / f"rank-{accelerator.process_index}.pt")
     reference.load_state_dict(mine["reference"])
     data.load_state_dict(mine["data"])
-    _set_rng_state(mine["rng"])
+    set_rng_state(mine["rng"])
     return state

@@ -22,6 +22,11 @@ from typing import Any
 Root = str | Path  # a local directory or an fsspec URL
 
 
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file holds something other than tensors, plain data and the few types
+    trainer.ckptstate.CHECKPOINT_TYPES allows."""
+
+
 def is_url(root: Root) -> bool:
     return isinstance(root, str) and "://" in root and not root.startswith("file://")
 
@@ -129,8 +134,6 @@ class _MetadataUnpickler(pickle.Unpickler):
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.memory_format))
         )
         if not ok:
-            from trainer.checkpoint import UnsafeCheckpoint
-
             raise UnsafeCheckpoint(
                 f"checkpoint metadata refers to {module}.{name}, which a DCP checkpoint "
                 "never holds; refusing to load it"

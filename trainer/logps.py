@@ -201,6 +201,8 @@ def batch_logps(
 def pad_cat(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Rows of `a` then rows of `b`, right-padded with zeros to the wider of the two."""
     width = max(a.shape[1], b.shape[1])
+
     def pad(x):
         return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
     return torch.cat([pad(a), pad(b)])

@@ -106,15 +106,11 @@ def read_micro_batch_file(out_dir: Path) -> int | None:
         return None
 
 
-def write_micro_batch_file(
-    out_dir: Path, *, grad_accum: int, micro_batch: int, step: int
-) -> None:
+def write_micro_batch_file(out_dir: Path, *, grad_accum: int, micro_batch: int, step: int) -> None:
     """Atomically (temp file, then rename): a crash never leaves half a file."""
     path = Path(out_dir) / MICRO_BATCH_FILE
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(
-        json.dumps({"grad_accum": grad_accum, "micro_batch": micro_batch, "step": step})
-    )
+    tmp.write_text(json.dumps({"grad_accum": grad_accum, "micro_batch": micro_batch, "step": step}))
     os.replace(tmp, path)
 
 

@@ -225,7 +225,6 @@ def _split_rows(lp: torch.Tensor, batch: TokenBatch) -> list[torch.Tensor]:
     return list(flat.split(counts))
 
 
-
 def make_reference(
     needed: bool,
     policy: SyncPolicy,

@@ -194,10 +194,11 @@ class TokenBatch:
         if self.aux is None:
             return self.mask
         width = self.row_width
+
         def pad(m):
             return torch.nn.functional.pad(m, (0, width - m.shape[1]))
-        return torch.cat([pad(self.mask), pad(self.aux.mask)])
 
+        return torch.cat([pad(self.mask), pad(self.aux.mask)])
 
     def row_kept(self) -> torch.Tensor:
         """[K + Ka] flat indices of `row_mask()`'s completion tokens, row by row (the rows, then

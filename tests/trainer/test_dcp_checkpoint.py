@@ -142,7 +142,7 @@ def _write_v1(trainer: Trainer, directory: Path, step: int) -> None:
     torch.save(trainer.optimizer.state_dict(), directory / "optimizer.pt")
     torch.save(trainer.scheduler.state_dict(), directory / "scheduler.pt")
     rank = {
-        "rng": checkpoint._rng_state(),
+        "rng": checkpoint.rng_state(),
         "reference": trainer.reference.state_dict(),
         "data": trainer.data.state_dict(),
     }
