@@ -58,10 +58,15 @@ def shape(spec: dict[str, Any], meta: dict[str, Any]) -> tuple[int, int]:
 
 
 def committed_checkpoints(
-    store: ObjectStore, team_id: str, job_id: str
+    store: ObjectStore,
+    team_id: str,
+    job_id: str,
+    recorded: frozenset[int] | set[int] = frozenset(),
 ) -> dict[int, tuple[str, list[str], int]]:
     """step → (prefix, files, bytes) of every committed checkpoint of the job in the store
-    (a step-N/ whose _COMPLETE manifest is there; torn ones are not listed)."""
+    (a step-N/ whose _COMPLETE manifest is there; torn ones are not listed). The manifest of a
+    step already `recorded` as a checkpoint row is not read again (its files are not needed):
+    a reconcile tick reads only the new checkpoints' manifests."""
     base = job_prefix(team_id, job_id)
     found: dict[int, tuple[str, list[str], int]] = {}
     for key in store.list(base):
@@ -70,6 +75,9 @@ def committed_checkpoints(
         if step is None or name != COMPLETE_MARKER:
             continue
         prefix = checkpoint_prefix(team_id, job_id, step)
+        if step in recorded:
+            found[step] = (prefix, [], 0)
+            continue
         try:
             entries = store.read_manifest(prefix)  # type: ignore[attr-defined]
         except IncompleteCheckpointError:

@@ -231,7 +231,9 @@ class JobTick:
         p.metrics.offset = int(self.state.get("metrics_offset", 0))
         p.events.offset = int(self.state.get("events_offset", 0))
         p.quality_reported = bool(self.state.get("quality_reported", False))
-        p.uploaded = multinode.committed_checkpoints(self.store, self.team_id, self.job_id)
+        p.uploaded = multinode.committed_checkpoints(
+            self.store, self.team_id, self.job_id, recorded
+        )
         p.recorded = recorded
         self.progress = p
         p.sync()

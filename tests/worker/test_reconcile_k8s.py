@@ -21,7 +21,7 @@ def k8s_env(pg_url, _pg_engine, tmp_path, fake_k8s):
     def make(attempts: int = 3) -> Env:
         env = Env(pg_url, _pg_engine, tmp_path, attempts=attempts)
         launcher = TrainJobLauncher(
-            "default", "humanline-torch", api_client=fake_k8s.api_client, timeout_s=2,
+            "default", "humanline-torch", api_client=fake_k8s.api_client, timeout_s=10,
             backoff_s=0.01,
         )  # fmt: skip
         env.launcher = launcher
