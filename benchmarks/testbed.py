@@ -50,14 +50,14 @@ class Setup:
     layers: int = 4
     heads: int = 4
     # base policy (product SFT job)
-    sft_steps: int = 300
+    sft_steps: int = 350
     sft_batch: int = 32
     sft_lr: float = 3e-3
     # GRPO (tuned on the online arm only, then frozen)
-    steps: int = 64
+    steps: int = 128
     prompts_per_step: int = 8
     group: int = 8
-    lr: float = 1e-3
+    lr: float = 2e-4
     max_new_tokens: int = 6
     stales: tuple[int, ...] = (8, 32)
     k_sweep: tuple[int, ...] = (4, 24)
@@ -100,10 +100,45 @@ def make_task(setup: Setup, out: Path) -> dict[str, Path]:
     return paths
 
 
-def make_model(setup: Setup, out: Path) -> Path:
-    from trainer.modeling.sources import _tiny_tokenizer, save_random_llama
+def task_tokenizer(setup: Setup) -> Any:
+    """A byte-level BPE trained on the task's own chat-formatted text, every digit its own
+    token. The repo's 512-token tiny tokenizer splits numbers into shifting 1-2 digit chunks
+    (121 → 12|1, 347 → 3|47), so a digit's place is a different token at a different position
+    from sum to sum; the SFT base then plateaued below 2% (docs/replication.md, builds 1-3)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
-    tok = _tiny_tokenizer()
+    from trainer.modeling.sources import _CHATML
+
+    rng = random.Random(280)
+    da, db = setup.digits
+    corpus = [
+        f"<|im_start|>user\n{rng.randint(10 ** (da - 1), 10**da - 1)}+"
+        f"{rng.randint(10 ** (db - 1), 10**db - 1)}=<|im_end|>\n<|im_start|>assistant\n"
+        f"{rng.randint(1, 10 ** (da + 1))}<|im_end|>\n"
+        for _ in range(500)
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True),
+         pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ))  # fmt: skip
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>"
+    )
+    fast.chat_template = _CHATML
+    return fast
+
+
+def make_model(setup: Setup, out: Path) -> Path:
+    from trainer.modeling.sources import save_random_llama
+
+    tok = task_tokenizer(setup)
     shape = {"vocab_size": len(tok), "hidden_size": setup.hidden,
              "intermediate_size": 4 * setup.hidden, "num_hidden_layers": setup.layers,
              "num_attention_heads": setup.heads, "num_key_value_heads": setup.heads,
@@ -274,12 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, help="reuse the base model an earlier build made")
     ap.add_argument("--only", help="one arm (tuning: online only, rule 1)")
     ap.add_argument("--prompts-per-step", type=int)
+    ap.add_argument("--eval-points", type=int, help="checkpoints evaluated along the way")
     ap.add_argument("--sft-steps", type=int, help="the base policy's SFT steps")
     ap.add_argument("--sft-lr", type=float)
     ap.add_argument("--png", type=Path, help="the figure (default: docs/testbed.png, full)")
     args = ap.parse_args(argv)
     setup = quick_setup() if args.quick else Setup()
-    for name in ("seeds", "steps", "lr", "prompts_per_step", "sft_steps", "sft_lr"):
+    for name in ("seeds", "steps", "lr", "prompts_per_step", "eval_points", "sft_steps", "sft_lr"):
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
     summary = run(setup, args.out, args.command == "build", args.base, args.only)
