@@ -14,6 +14,7 @@ Arms (docs/replication.md, pre-registered rules): online (``sample_every: 1``), 
     python benchmarks/testbed.py build     # task files, random model, SFT base checkpoint
     python benchmarks/testbed.py           # build (cached) + the whole study
     python benchmarks/testbed.py --quick   # the path in < 2 min (make test); figures mean nothing
+    python benchmarks/testbed.py report    # figures, report and picture again from --out's DB
 
 The last line is one JSON object: every figure with its criterion.
 """
@@ -226,28 +227,37 @@ def build(
     return Path(base), ids, acc
 
 
+def _evaluation(client: Any, job_id: str, step: int | None, request: dict) -> Any:
+    """The job's evaluation of `step` (None: the final model) on the held-out file: an
+    existing one (a rerun or `report` reuses it), else a new one; waited for."""
+    for ev in client.evaluations.list(job_id=job_id, limit=100):
+        if ev.step == step and ev.file_id == request["file_id"] and ev.status != "failed":
+            return client.evaluations.wait(ev.id, timeout=3600)
+    ev = client.evaluations.create(job_id=job_id, step=step, **request)
+    return client.evaluations.wait(ev.id, timeout=3600)
+
+
 def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> dict[str, Any]:
+    """One job's figures, all read back from the service: held-out accuracy at each
+    checkpoint and at the end, completions sampled by each of those steps (Σ round/prompts ×
+    group, as the comparison report counts them), wall-clock, clamp fraction and KL."""
     from replicate import pass_at_1
 
     job = client.jobs.wait(job_id, timeout=7200)
     if job.status != "succeeded":
         raise RuntimeError(f"job {job_id} {job.status}: {job.error}")
     metrics = [m.values | {"step": m.step} for m in client.jobs.metrics(job_id)]
-    curve = {}
-    for step in [c.step for c in client.jobs.checkpoints(job_id) if c.step < setup.steps]:
-        ev = client.evaluations.create(job_id=job_id, step=step, **request)
-        curve[step] = pass_at_1(client.evaluations.wait(ev.id, timeout=3600))
-    finals = [e for e in client.evaluations.list(job_id=job_id) if e.step is None]
-    curve[setup.steps] = pass_at_1(client.evaluations.wait(finals[0].id, timeout=3600))
+    steps = [c.step for c in client.jobs.checkpoints(job_id) if c.step < setup.steps]
+    curve = {s: pass_at_1(_evaluation(client, job_id, s, request)) for s in steps}
+    curve[setup.steps] = pass_at_1(_evaluation(client, job_id, None, request))
+    rounds = [(m["step"], m["round/prompts"] * setup.group) for m in metrics
+              if "round/prompts" in m]  # fmt: skip
+    sampled = {s: sum(n for at, n in rounds if at <= s) for s in curve}
     sample_s = sum(m.get("round/sample_time", 0.0) for m in metrics)
-    rounds = sum(1 for m in metrics if "round/index" in m)
     wall = (job.finished_at - job.started_at).total_seconds()
     return {
         "seed": seed, "job": job_id, "accuracy": curve[setup.steps], "curve": curve,
-        # each round samples `sample_every` steps' worth of sequences (the job's spec)
-        "samples_drawn": rounds * (job.spec.get("online") or {}).get("sample_every", 1)
-        * job.spec.get("batch_size", 0),
-        "rounds": rounds,
+        "samples_drawn": sampled[setup.steps], "samples_curve": sampled, "rounds": len(rounds),
         "sampling_s": sample_s, "training_s": wall - sample_s, "wall_clock_s": wall,
         "clamp_frac_max": max((m.get("clamp_frac", 0.0) for m in metrics), default=0.0),
         "clamp_frac_mean": tf.mean([m.get("clamp_frac", 0.0) for m in metrics]),
@@ -256,9 +266,51 @@ def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> 
     }  # fmt: skip
 
 
+def submit(setup: Setup, client: Any, base: Path, ids: dict[str, str], only: str | None) -> None:
+    """Every arm × seed, queued at once (seed-major, so a partial study is balanced)."""
+    request = eval_request(setup, ids["heldout"])
+    for seed in setup.seeds:
+        for arm in arms(setup):
+            if only in (None, arm):
+                spec = grpo_spec(setup, arm, seed, base, ids["grpo"])
+                client.jobs.create(**spec, evaluations=[request])
+
+
+def collect(
+    setup: Setup, root: Path, client: Any, only: str | None = None
+) -> tuple[dict[str, list[dict]], float]:
+    """The study's jobs (metadata testbed=1, one per arm × seed) followed to their figures;
+    the service's comparison report, grouped by arm, written to root/compare.html; the base's
+    held-out accuracy (its evaluation, reused)."""
+    from replicate import pass_at_1
+
+    heldout = next(f for f in client.files.list(purpose="eval", limit=100)
+                   if f.filename == "addition_heldout.jsonl")  # fmt: skip
+    request = eval_request(setup, heldout.id)
+    found: dict[tuple[str, int], str] = {}
+    for job in client.jobs.list(metadata={"testbed": "1"}, limit=100):
+        found.setdefault((job.metadata["arm"], job.spec["seed"]), job.id)
+    results: dict[str, list[dict]] = {}
+    for arm in (a for a in arms(setup) if only in (None, a)):
+        results[arm] = []
+        for seed in setup.seeds:
+            results[arm].append(follow(client, found[arm, seed], seed, setup, request))
+            print(f"{arm} seed {seed}: {json.dumps(results[arm][-1])}", flush=True)
+    client.reports.compare(
+        jobs=[r["job"] for runs in results.values() for r in runs], format="html",
+        metric="pass_at_1", file_id=heldout.id, group_by="arm", to=root / "compare.html",
+    )  # fmt: skip
+    base = next(e for e in client.evaluations.list(limit=100)
+                if e.job_id is None and e.base_model == str(root / "base")
+                and e.file_id == heldout.id and e.status == "succeeded")  # fmt: skip
+    return results, pass_at_1(base)
+
+
 def run(
-    setup: Setup, root: Path, only_build: bool, reuse: Path | None = None, only: str | None = None
+    setup: Setup, root: Path, command: str, reuse: Path | None = None, only: str | None = None
 ) -> dict[str, Any]:
+    """`build`: task, model, base. `study`: build, submit, collect. `report`: collect again
+    from a study's root (its service's DB: finished jobs and evaluations are reused)."""
     from api.embedded import EmbeddedService
 
     t0 = time.time()
@@ -267,29 +319,19 @@ def run(
         "TOKENIZERS_PARALLELISM": "false",
         # the operator mounts the testbed's model directories (users never name a path)
         "ALLOWED_BASE_MODELS": f"tiny-llama,{root / 'init'},{root / 'base'}",
+        # the whole study is queued at once (7 arms × 5 seeds; the default quota is 10)
+        "MAX_JOBS_PER_TEAM": "64",
     }
     with EmbeddedService(root, team="testbed", env=env) as service:
         from humanline_client import Client
 
         client = Client(base_url=service.base_url, api_key=service.key, timeout=120)
-        base, ids, base_acc = build(setup, root, client, reuse)
-        if only_build:
-            return {"base": str(base), "base_accuracy": base_acc, "build_s": time.time() - t0}
-        request = eval_request(setup, ids["heldout"])
-        jobs: dict[str, list[str]] = {a: [] for a in arms(setup) if only in (None, a)}
-        for seed in setup.seeds:
-            for arm in jobs:
-                spec = grpo_spec(setup, arm, seed, base, ids["grpo"])
-                jobs[arm].append(client.jobs.create(**spec, evaluations=[request]).id)
-        results: dict[str, list[dict]] = {arm: [] for arm in jobs}
-        for arm, job_ids in jobs.items():
-            for seed, job_id in zip(setup.seeds, job_ids, strict=True):
-                results[arm].append(follow(client, job_id, seed, setup, request))
-                print(f"{arm} seed {seed}: {json.dumps(results[arm][-1])}", flush=True)
-        client.reports.compare(
-            jobs=[i for v in jobs.values() for i in v], format="html", metric="pass_at_1",
-            file_id=ids["heldout"], to=root / "compare.html",
-        )  # fmt: skip
+        if command != "report":
+            base, ids, base_acc = build(setup, root, client, reuse)
+            if command == "build":
+                return {"base": str(base), "base_accuracy": base_acc, "build_s": time.time() - t0}
+            submit(setup, client, base, ids, only)
+        results, base_acc = collect(setup, root, client, only)
     if only is not None:  # a tuning run (online arm only): its curve, no comparison
         return {"setup": asdict(setup), "base_accuracy": base_acc, "arms": results}
     summary = tf.figures(asdict(setup), results, base_acc, MATH_PRESET_K)
@@ -300,7 +342,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", nargs="?", choices=["build", "study"], default="study")
+    ap.add_argument("command", nargs="?", choices=["build", "study", "report"], default="study")
     ap.add_argument("--quick", action="store_true", help="the path only, in < 2 minutes")
     ap.add_argument("--seeds", type=int, nargs="+")
     ap.add_argument("--steps", type=int)
@@ -318,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("seeds", "steps", "lr", "prompts_per_step", "eval_points", "sft_steps", "sft_lr"):
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
-    summary = run(setup, args.out, args.command == "build", args.base, args.only)
-    if args.command == "study" and args.only is None:
+    summary = run(setup, args.out, args.command, args.base, args.only)
+    if args.command != "build" and args.only is None:
         png = args.png or (args.out / "testbed.png" if args.quick else REPO / "docs/testbed.png")
         tf.plot(summary, png)
         summary["png"] = str(png)

@@ -53,6 +53,8 @@ def figures(
         arms[arm] = {
             "accuracy": mean_se([r["accuracy"] for r in runs]),
             "curve": {s: mean_se([r["curve"][s] for r in runs if s in r["curve"]]) for s in steps},
+            "samples_curve": {s: mean([r["samples_curve"][s] for r in runs
+                                       if s in r.get("samples_curve", {})]) for s in steps},
             "per_seed": runs,
             **{key: mean([r[key] for r in runs])
                for key in ("samples_drawn", "rounds", "sampling_s", "training_s",
@@ -92,29 +94,18 @@ def figures(
     return out
 
 
-def samples_at(step: int, every: int, per_step: int) -> int:
-    """Samples drawn by the end of `step` when sampling every `every` steps."""
-    return math.ceil(step / every) * every * per_step
-
-
 def plot(summary: dict[str, Any], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    setup = summary["setup"]
-    per_step = setup["prompts_per_step"] * setup["group"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for arm, data in summary["arms"].items():
         steps = sorted(int(s) for s in data["curve"])
         m = [data["curve"][s]["mean"] for s in steps]
         se = [data["curve"][s]["se"] or 0.0 for s in steps]
-        every = 1 if arm == "online" else int(arm.split("-")[1].split("+")[0])
-        xs = {
-            "steps": [0, *steps],
-            "samples": [0] + [samples_at(s, every, per_step) for s in steps],
-        }
+        xs = {"steps": [0, *steps], "samples": [0] + [data["samples_curve"][s] for s in steps]}
         base = summary["base_accuracy"] or 0.0
         ys = [base, *m]
         lo = [base] + [a - b for a, b in zip(m, se, strict=True)]
@@ -123,7 +114,7 @@ def plot(summary: dict[str, Any], png: Path) -> None:
             (line,) = ax.plot(xs[key], ys, marker="o", label=arm)
             ax.fill_between(xs[key], lo, hi, alpha=0.2, color=line.get_color())
     axes[0].set_xlabel("optimizer step")
-    axes[1].set_xlabel("samples drawn")
+    axes[1].set_xlabel("completions sampled")
     axes[0].set_ylabel("held-out accuracy (mean ± SE over seeds)")
     axes[1].legend(fontsize=7)
     fig.suptitle("Testbed: online vs stale vs stale+humanline GRPO (addition, tiny Llama)")

@@ -38,6 +38,21 @@ def test_task_is_deterministic_and_held_out_disjoint(tmp_path):
     assert int(x) + int(y) == int(ans)
 
 
+def test_task_tokenizer_gives_every_digit_its_own_token_and_round_trips():
+    """The repo's tiny BPE split numbers into shifting chunks (121 → 12|1) and the base
+    plateaued below 2%; the task tokenizer keeps each digit one token, in place."""
+    setup = testbed.Setup()
+    tok = testbed.task_tokenizer(setup)
+    assert tok.get_vocab() == testbed.task_tokenizer(setup).get_vocab()  # deterministic
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "907+5="}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tok(text + "912" + tok.eos_token, add_special_tokens=False)["input_ids"]
+    pieces = [tok.decode([i]) for i in ids]
+    assert pieces[3:8] == ["9", "0", "7", "+", "5"] and pieces[-4:] == ["9", "1", "2", "<|im_end|>"]
+    assert tok.decode(ids[-4:], skip_special_tokens=True) == "912"
+
+
 def test_arms_differ_only_in_sampling_frequency_and_humanline():
     setup = testbed.Setup()
     names = testbed.arms(setup)
