@@ -17,8 +17,9 @@ import math
 from typing import Any
 
 from reports import plots, story
+from reports.groups import build_groups, render_groups
 from reports.html import card, esc, fmt, page, table
-from reports.stats import Estimate, holm_bonferroni, z_test
+from reports.stats import Estimate, holm_bonferroni, metric_estimate, z_test
 
 VARIANTS = ("offline", "offline+humanline", "online", "online+humanline")
 OBJECTIVES = ("sft", "dpo", "kto", "grpo")
@@ -35,19 +36,6 @@ METRICS: dict[str, tuple[str, bool]] = {
 CLAIMS = (("offline+humanline", "offline"), ("online", "offline+humanline"))
 
 
-def _estimate(ev: dict[str, Any], metric: str) -> Estimate | None:
-    value = (ev.get("metrics") or {}).get(metric)
-    if isinstance(value, dict) and value.get("value") is not None:
-        return Estimate(
-            float(value["value"]), float(value.get("se") or 0.0), int(value.get("n") or 0)
-        )
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return Estimate(
-            float(value), float("nan"), int((ev.get("metrics") or {}).get("n_items") or 0)
-        )
-    return None
-
-
 def pick_evaluation(
     evals: list[dict[str, Any]], metric: str, file_id: str | None = None
 ) -> dict[str, Any] | None:
@@ -55,7 +43,7 @@ def pick_evaluation(
         e
         for e in evals
         if e.get("status") == "succeeded"
-        and _estimate(e, metric) is not None
+        and metric_estimate(e, metric) is not None
         and (file_id is None or e.get("file_id") == file_id)
     ]
     if not ok:
@@ -73,15 +61,19 @@ def pick_evaluation(
 
 
 def build_comparison(
-    entries: list[dict[str, Any]], metric: str = "lc_win_rate", file_id: str | None = None
+    entries: list[dict[str, Any]],
+    metric: str = "lc_win_rate",
+    file_id: str | None = None,
+    group_by: str | None = None,
 ) -> dict[str, Any]:
+    """`group_by`: a metadata key; its groups' curves with SE bands (reports.groups)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
     rows, warnings = [], []
     for entry in entries:
         job = entry["job"]
         ev = pick_evaluation(entry.get("evaluations") or [], metric, file_id)
-        est = _estimate(ev, metric) if ev else None
+        est = metric_estimate(ev, metric) if ev else None
         if ev is None:
             warnings.append(f"job {job.get('id')} has no succeeded evaluation reporting {metric}")
         rows.append(
@@ -150,6 +142,11 @@ def build_comparison(
         "fallback": fallback,
         "curves": story.curves(entries),
         "spec_differences": story.spec_differences(entries),
+        "groups": (
+            {"key": group_by, "groups": build_groups(entries, group_by, metric, file_id)}
+            if group_by
+            else None
+        ),
     }
 
 
@@ -314,6 +311,7 @@ def render_comparison_html(doc: dict[str, Any]) -> str:
             if figs
             else ""
         )
+        + render_groups(doc, label, percent)
         + "<h2>Jobs: quality and cost</h2>"
         + table(
             [

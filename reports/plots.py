@@ -123,6 +123,38 @@ def line_panel(
     return to_svg(fig)
 
 
+def band_panel(
+    title: str,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float | None]]],
+    *,
+    ylabel: str,
+    xlabel: str,
+    percent: bool = False,
+    size: tuple[float, float] = (5.0, 3.2),
+) -> str:
+    """One line per series, (x, mean, SE), with a ± 1 SE band (no band where SE is None); ""
+    when no series has a finite mean."""
+    series = {k: v for k, v in series.items() if has_data(v[1])}
+    if not series:
+        return ""
+    k = 100.0 if percent else 1.0
+    fig = Figure(figsize=size, dpi=100)
+    ax = fig.add_subplot()
+    for i, (color, (name, (x, mean, se))) in enumerate(
+        zip(itertools.cycle(PALETTE), series.items())
+    ):
+        m = [k * v for v in _finite(mean)]
+        e = [k * v for v in _finite([0.0 if v is None else v for v in se])]
+        ax.plot(list(x), m, label=name, color=color, linewidth=1.4, marker="o", markersize=3,
+                gid=f"data-{i}")  # fmt: skip
+        ax.fill_between(list(x), [a - b for a, b in zip(m, e, strict=True)],
+                        [a + b for a, b in zip(m, e, strict=True)], color=color, alpha=0.18,
+                        linewidth=0, gid=f"band-{i}")  # fmt: skip
+    _label(ax, title, xlabel, ylabel + (" (%)" if percent else ""))
+    ax.legend(fontsize=7, frameon=False)
+    return to_svg(fig)
+
+
 def scatter(
     points: Sequence[tuple[str, float, float, float | None, str]],
     *,

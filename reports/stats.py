@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -285,3 +286,18 @@ def holm_bonferroni(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         adjusted[i] = running
     return adjusted
+
+
+def metric_estimate(ev: dict[str, Any], metric: str) -> Estimate | None:
+    """`metric` from an evaluation summary's metrics ({"value", "se", "n"} or a bare
+    number, SE unknown), or None when it does not report it."""
+    value = (ev.get("metrics") or {}).get(metric)
+    if isinstance(value, dict) and value.get("value") is not None:
+        return Estimate(
+            float(value["value"]), float(value.get("se") or 0.0), int(value.get("n") or 0)
+        )
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return Estimate(
+            float(value), float("nan"), int((ev.get("metrics") or {}).get("n_items") or 0)
+        )
+    return None

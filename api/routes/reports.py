@@ -159,6 +159,16 @@ def compare_jobs(
     file_id: Annotated[
         str | None, Query(max_length=64, description="Only evaluations on this file.")
     ] = None,
+    group_by: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            pattern=r"^[A-Za-z0-9_.-]+$",
+            description="A metadata key (e.g. arm): per group, `metric` at each evaluated "
+            "checkpoint as mean ± SE over its jobs, against steps and against completions "
+            "sampled.",
+        ),
+    ] = None,
 ):
     """The paper's Figure 1 across jobs: one group of bars per objective, one bar per variant
     (offline, offline+humanline, online, online+humanline) of each job's newest succeeded
@@ -195,5 +205,7 @@ def compare_jobs(
         }
         for i in ids
     ]
-    doc = build_comparison(entries, metric=metric, file_id=file_id)
+    if group_by and not any(group_by in (rows[i].meta or {}) for i in ids):
+        raise api_error(422, f"no job has the metadata key {group_by!r}", field="group_by")
+    doc = build_comparison(entries, metric=metric, file_id=file_id, group_by=group_by)
     return _render(doc, format, render_comparison_html)

@@ -41,6 +41,8 @@ from .resources.webhooks import WebhookVerificationError, verify_webhook
 from .types import (
     Checkpoint,
     Comparison,
+    ComparisonGroup,
+    ComparisonGroups,
     ComparisonRow,
     ComparisonTest,
     Evaluation,
@@ -73,6 +75,8 @@ __all__ = [
     "Checkpoint",
     "Client",
     "Comparison",
+    "ComparisonGroup",
+    "ComparisonGroups",
     "ComparisonRow",
     "ComparisonTest",
     "ConflictError",

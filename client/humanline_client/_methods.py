@@ -229,6 +229,7 @@ class CompareMethod(Protocol[J_co, Hm_co, Pt_co]):
         format: Literal["json"] = ...,
         metric: Optional[str] = ...,
         file_id: Optional[str] = ...,
+        group_by: Optional[str] = ...,
         to: None = ...,
     ) -> J_co: ...
     @overload
@@ -239,6 +240,7 @@ class CompareMethod(Protocol[J_co, Hm_co, Pt_co]):
         format: Literal["html"],
         metric: Optional[str] = ...,
         file_id: Optional[str] = ...,
+        group_by: Optional[str] = ...,
         to: None = ...,
     ) -> Hm_co: ...
     @overload
@@ -249,5 +251,6 @@ class CompareMethod(Protocol[J_co, Hm_co, Pt_co]):
         format: Format = ...,
         metric: Optional[str] = ...,
         file_id: Optional[str] = ...,
+        group_by: Optional[str] = ...,
         to: PathLike,
     ) -> Pt_co: ...

@@ -22,6 +22,8 @@ __all__ = [
     "Checkpoint",
     "CompareMetric",
     "Comparison",
+    "ComparisonGroup",
+    "ComparisonGroups",
     "ComparisonRow",
     "ComparisonTest",
     "Evaluation",
@@ -33,6 +35,7 @@ __all__ = [
     "FileObject",
     "FilePurpose",
     "GenerationParams",
+    "GroupPoint",
     "HumanlineParams",
     "Job",
     "JobEstimate",
@@ -311,6 +314,33 @@ class ComparisonTest(BaseModel):
     p_holm: Optional[float] = None
 
 
+class GroupPoint(BaseModel):
+    """A group's `metric` at one step: mean ± SE over its `n` jobs evaluated there, and the
+    completions they had sampled by then (mean)."""
+
+    step: int
+    mean: float
+    se: Optional[float] = None
+    n: int = 0
+    sampled: float = 0.0
+
+
+class ComparisonGroup(BaseModel):
+    """The jobs sharing one value of the comparison's `group_by` metadata key."""
+
+    group: str
+    jobs: list[str] = []
+    final: dict[str, Optional[float]] = {}  # mean, se, n of the jobs' last evaluated step
+    curve: list[GroupPoint] = []
+    sampled_completions: float = 0.0
+    wall_clock_s: Optional[float] = None
+
+
+class ComparisonGroups(BaseModel):
+    key: str
+    groups: list[ComparisonGroup] = []
+
+
 class Comparison(BaseModel):
     """`reports.compare(jobs=[...])`: one row per job, in the order given, the paper's
     claims tested per objective, and warnings (a job without a usable evaluation, jobs
@@ -323,6 +353,7 @@ class Comparison(BaseModel):
     tests: list[ComparisonTest] = []
     warnings: list[str] = []
     fallback: Optional[str] = None  # no job has the metric: training metrics shown instead
+    groups: Optional[ComparisonGroups] = None  # with group_by=
 
     def row(self, job_id: str) -> Optional[ComparisonRow]:
         """The row of one job, or None."""

@@ -210,3 +210,34 @@ def test_the_api_renders_reports_without_importing_torch(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     flags = json.loads(out.stdout.strip().splitlines()[-1])
     assert flags == {"torch": False, "matplotlib": True}
+
+
+def test_compare_groups_jobs_by_a_metadata_key(client, team_a, db_sessions):
+    jobs = [_trained_job(client, team_a, db_sessions) for _ in range(3)]
+    with db_sessions() as s:
+        for job_id, arm in zip(jobs, ("online", "online", "stale"), strict=True):
+            s.get(Job, job_id).meta = {"arm": arm}
+        s.commit()
+    for job_id, (mid, final) in zip(jobs, ((0.2, 0.4), (0.4, 0.6), (0.1, 0.2)), strict=True):
+        add_evaluation(db_sessions, job_id, mid, kind="math", step=2)
+        add_evaluation(db_sessions, job_id, final, kind="math")
+
+    def get(**q):
+        q = {"jobs": ",".join(jobs), "metric": "pass_at_1", **q}
+        return client.get("/v1/reports/compare", headers=team_a.headers, params=q)
+
+    doc = get(group_by="arm", format="json").json()
+    online, stale = doc["groups"]["groups"]
+    assert online["group"] == "online" and online["jobs"] == jobs[:2]
+    # the final model counts at the job's last step (5 logged steps)
+    assert [(c["step"], round(c["mean"], 6), round(c["se"], 6)) for c in online["curve"]] == [
+        (2, 0.3, 0.1),
+        (5, 0.5, 0.1),
+    ]
+    assert stale["final"] == {"mean": 0.2, "se": None, "n": 1}
+    html = get(group_by="arm").text
+    assert "Groups by arm" in html and html.count("<svg") >= 5
+    r = get(group_by="seed")
+    assert r.status_code == 422 and r.json()["error"]["field"] == "group_by"
+    assert "seed" in r.json()["error"]["message"]
+    assert get(group_by="a b").json()["error"]["field"] == "group_by"

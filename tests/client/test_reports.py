@@ -17,12 +17,15 @@ from humanline_client import (
     AsyncClient,
     Client,
     Comparison,
+    ComparisonGroup,
     ComparisonRow,
     ComparisonTest,
     JobReport,
     NotFoundError,
     UnprocessableEntityError,
 )
+from humanline_client.types import GroupPoint
+from models.tables import Job
 from tests.fixtures.rows import DQ, add_evaluation
 
 from .test_examples import run_example
@@ -189,6 +192,19 @@ def test_compare_json(client, compared):
     assert doc.row(off).value == 0.30 and doc.row(off).evaluation_id == compared["evals"]["off"]
 
 
+def test_compare_groups_jobs_by_a_metadata_key(client, server, compared):
+    off, hl = compared["off"], compared["hl"]
+    with server.sessions() as s:
+        for job_id in (off, hl):
+            s.get(Job, job_id).meta = {"arm": "x"}
+        s.commit()
+    doc = client.reports.compare(jobs=[off, hl], file_id=compared["file_id"], group_by="arm")
+    [group] = doc.groups.groups
+    assert isinstance(group, ComparisonGroup) and doc.groups.key == "arm"
+    assert group.jobs == [off, hl] and group.final["mean"] == pytest.approx(0.375)
+    assert all(isinstance(p, GroupPoint) for p in group.curve)
+
+
 def test_compare_html_and_download(client, compared, tmp_path):
     ids = [compared["off"], compared["hl"]]
     page = client.reports.compare(jobs=ids, format="html")
@@ -208,6 +224,7 @@ def test_compare_errors(client, compared):
         ({"jobs": [one], "metric": "bogus"}, "metric"),
         ({"jobs": [f"job-{i}" for i in range(51)]}, "jobs"),
         ({"jobs": [one], "format": "pdf"}, "format"),
+        ({"jobs": [one], "group_by": "arm"}, "group_by"),  # no job has that metadata key
     ]
     for kwargs, field in cases:
         with pytest.raises(UnprocessableEntityError) as info:

@@ -33,9 +33,7 @@ DELIVERY_COLUMNS = ["ID", "EVENT", "STATUS", "ATTEMPTS", "LAST", "CREATED"]
 
 
 def _webhook_rows(hooks: Iterable[Any]) -> list[list[Any]]:
-    return [
-        [h.id, h.url, ",".join(h.events), h.status, _when(h.created_at)] for h in hooks
-    ]
+    return [[h.id, h.url, ",".join(h.events), h.status, _when(h.created_at)] for h in hooks]
 
 
 def _delivery_rows(deliveries: Iterable[Any]) -> list[list[Any]]:
@@ -57,7 +55,8 @@ def webhooks_create(
     event: Annotated[
         Optional[list[str]],
         typer.Option(
-            "--event", "-e",
+            "--event",
+            "-e",
             help="An event to send (repeat): job.succeeded, job.failed, job.cancelled, "
             "evaluation.succeeded, evaluation.failed. Default: all.",
         ),

@@ -37,12 +37,16 @@ def _job_ids(jobs: JobRefs) -> str:
 
 
 def _compare_options(
-    jobs: JobRefs, format: str, metric: Optional[str], file_id: Optional[str]
+    jobs: JobRefs,
+    format: str,
+    metric: Optional[str],
+    file_id: Optional[str],
+    group_by: Optional[str] = None,
 ) -> Any:
     return report_options(
         "/v1/reports/compare",
         format,
-        {"jobs": _job_ids(jobs), "metric": metric, "file_id": file_id},
+        {"jobs": _job_ids(jobs), "metric": metric, "file_id": file_id, "group_by": group_by},
     )
 
 
@@ -57,14 +61,18 @@ class _Reports(APIResource):
             format: Union[ReportFormat, str] = "json",
             metric: Optional[Union[CompareMetric, str]] = None,
             file_id: Optional[str] = None,
+            group_by: Optional[str] = None,
             to: Optional[PathLike] = None,
         ) -> Steps[Union[Comparison, str, Path]]:
             """Compare jobs (ids or Job objects, up to 50) on `metric` (default lc_win_rate;
             pass_at_1 for math), optionally only evaluations on `file_id`: a Comparison
             (`format="json"`, rows in the order given), the HTML page with the bar chart as
             a str (`format="html"`), or with `to=` written to that file and its Path
-            returned. NotFoundError names the first job that is not yours."""
-            opts = _compare_options(jobs, format, metric, file_id)
+            returned. NotFoundError names the first job that is not yours. `group_by`, a
+            metadata key: the jobs grouped by its value (a study's arms), each group's
+            `metric` per evaluated checkpoint as mean ± SE, against steps and against
+            completions sampled (`Comparison.groups`)."""
+            opts = _compare_options(jobs, format, metric, file_id, group_by)
             return (yield from self._report(opts, format, Comparison, to))
 
 
