@@ -1,15 +1,15 @@
 """What the training-step benchmarks (kto_step.py, sync_overhead.py) share.
 
-    parser(doc)                          --quick, --model, --steps and the hidden --child
-    model_and_steps(args, quick, full)   the model and step count those options name
-    text_of(tokenizer, n_tokens, render) the shortest string of WORDS whose rendering (a chat
-                                         prompt, an answer) reaches n_tokens tokens
-    user_turn(tokenizer)                 a render: a user message as the chat template shows it
-    interleaved(a, b, steps)             two trainers stepped in turn, who goes first alternating
-                                         (so machine drift cancels)
-    run_child(script, *args)             one configuration in a process of its own (its peak
-                                         memory is its own): the JSON of its last line
-    threads()                            the CPU threads a run was given
+parser(doc)                          --quick, --model, --steps and the hidden --child
+model_and_steps(args, quick, full)   the model and step count those options name
+text_of(tokenizer, n_tokens, render) the shortest string of WORDS whose rendering (a chat
+                                     prompt, an answer) reaches n_tokens tokens
+user_turn(tokenizer)                 a render: a user message as the chat template shows it
+interleaved(a, b, steps)             two trainers stepped in turn, who goes first alternating
+                                     (so machine drift cancels)
+run_child(script, *args)             one configuration in a process of its own (its peak
+                                     memory is its own): the JSON of its last line
+threads()                            the CPU threads a run was given
 """
 
 from __future__ import annotations

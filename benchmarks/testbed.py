@@ -121,8 +121,10 @@ def task_tokenizer(setup: Setup) -> Any:
     ]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True),
-         pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(corpus, trainers.BpeTrainer(
@@ -301,7 +303,7 @@ def collect(
         metric="pass_at_1", file_id=heldout.id, group_by="arm", to=root / "compare.html",
     )  # fmt: skip
     base = next(e for e in client.evaluations.list(limit=100)
-                if e.job_id is None and e.base_model == str(root / "base")
+                if e.job_id is None and Path(e.base_model or "").name == "base"
                 and e.file_id == heldout.id and e.status == "succeeded")  # fmt: skip
     return results, pass_at_1(base)
 
@@ -322,7 +324,7 @@ def run(
         # the whole study is queued at once (7 arms × 5 seeds; the default quota is 10)
         "MAX_JOBS_PER_TEAM": "64",
     }
-    with EmbeddedService(root, team="testbed", env=env) as service:
+    with EmbeddedService(root, team="testbed", fresh=command != "report", env=env) as service:
         from humanline_client import Client
 
         client = Client(base_url=service.base_url, api_key=service.key, timeout=120)

@@ -19,7 +19,7 @@ from typing import Any
 from reports import plots, story
 from reports.groups import build_groups, render_groups
 from reports.html import card, esc, fmt, page, table
-from reports.stats import Estimate, holm_bonferroni, metric_estimate, z_test
+from reports.stats import Estimate, holm_bonferroni, metric_estimate, pick_evaluation, z_test
 
 VARIANTS = ("offline", "offline+humanline", "online", "online+humanline")
 OBJECTIVES = ("sft", "dpo", "kto", "grpo")
@@ -34,30 +34,6 @@ METRICS: dict[str, tuple[str, bool]] = {
     "boxed_rate": ("\\boxed{} rate", True),
 }
 CLAIMS = (("offline+humanline", "offline"), ("online", "offline+humanline"))
-
-
-def pick_evaluation(
-    evals: list[dict[str, Any]], metric: str, file_id: str | None = None
-) -> dict[str, Any] | None:
-    ok = [
-        e
-        for e in evals
-        if e.get("status") == "succeeded"
-        and metric_estimate(e, metric) is not None
-        and (file_id is None or e.get("file_id") == file_id)
-    ]
-    if not ok:
-        return None
-    # final model first, then the latest step; newest evaluation breaks ties
-    return max(
-        ok,
-        key=lambda e: (
-            e.get("step") is None,
-            e.get("step") or 0,
-            str(e.get("created_at") or ""),
-            e.get("id", ""),
-        ),
-    )
 
 
 def build_comparison(

@@ -4,7 +4,8 @@ steps and against completions sampled by then, and the final value with the grou
 
 A job's points are its succeeded evaluations reporting the metric (on `file_id` when given):
 an evaluation of a checkpoint at its step, the final model's at the job's last step (the
-spec's `max_steps`, else its last logged step); the newest evaluation of a step wins. Sampled
+spec's `max_steps`, else its last logged step); the newest evaluation of a step wins. A job's
+final value is the comparison's own pick (the final model's, else the latest step's). Sampled
 completions by step s = Σ round/prompts × online.num_samples over the rounds begun at or
 before s (reports.story's cost, cumulated). Jobs without the key form the group "(unset)".
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 from reports import plots, story
 from reports.html import esc, fmt, table
-from reports.stats import metric_estimate
+from reports.stats import metric_estimate, pick_evaluation
 
 UNSET = "(unset)"
 
@@ -83,7 +84,8 @@ def build_groups(
             m, se = _mean_se([v for v, _ in have])
             sampled = statistics.fmean(_sampled_at(r, step) for _, r in have)
             curve.append({"step": step, "mean": m, "se": se, "n": len(have), "sampled": sampled})
-        finals = [p[max(p)] for p in points if p]
+        picked = [pick_evaluation(e.get("evaluations") or [], metric, file_id) for e in group]
+        finals = [est.value for ev in picked if ev and (est := metric_estimate(ev, metric))]
         costs = [story.cost(e) for e in group]
         walls = [c["wall_clock_s"] for c in costs if c["wall_clock_s"] is not None]
         final = _mean_se(finals) if finals else (None, None)

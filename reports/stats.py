@@ -301,3 +301,27 @@ def metric_estimate(ev: dict[str, Any], metric: str) -> Estimate | None:
             float(value), float("nan"), int((ev.get("metrics") or {}).get("n_items") or 0)
         )
     return None
+
+
+def pick_evaluation(
+    evals: list[dict[str, Any]], metric: str, file_id: str | None = None
+) -> dict[str, Any] | None:
+    ok = [
+        e
+        for e in evals
+        if e.get("status") == "succeeded"
+        and metric_estimate(e, metric) is not None
+        and (file_id is None or e.get("file_id") == file_id)
+    ]
+    if not ok:
+        return None
+    # final model first, then the latest step; newest evaluation breaks ties
+    return max(
+        ok,
+        key=lambda e: (
+            e.get("step") is None,
+            e.get("step") or 0,
+            str(e.get("created_at") or ""),
+            e.get("id", ""),
+        ),
+    )

@@ -72,7 +72,8 @@ def test_arms_differ_only_in_sampling_frequency_and_humanline():
 def _run(acc: float) -> dict:
     keys = ("samples_drawn", "rounds", "sampling_s", "training_s", "wall_clock_s",
             "clamp_frac_max", "clamp_frac_mean", "kl_max", "kl_mean")  # fmt: skip
-    return {"accuracy": acc, "curve": {4: acc}, **dict.fromkeys(keys, 1.0)}
+    return {"accuracy": acc, "curve": {4: acc}, "samples_curve": {4: 8.0},
+            **dict.fromkeys(keys, 1.0)}  # fmt: skip
 
 
 def test_figures_validity_and_share_closed_by_hand():
@@ -106,5 +107,6 @@ def test_quick_runs_the_product_path(tmp_path):
     assert set(summary["arms"]) == {"online", "stale-2", "stale-2+humanline"}
     assert [summary["arms"][a]["rounds"] for a in summary["arms"]] == [2, 1, 1]
     page = Path(summary["report"]).read_text()
+    assert "Groups by arm" in page  # the service's report draws each arm's curve with bands
     for data in summary["arms"].values():
         assert data["per_seed"][0]["job"] in page

@@ -192,7 +192,7 @@ def test_compare_json(client, compared):
     assert doc.row(off).value == 0.30 and doc.row(off).evaluation_id == compared["evals"]["off"]
 
 
-def test_compare_groups_jobs_by_a_metadata_key(client, server, compared):
+def test_compare_groups_jobs_by_a_metadata_key(client, server, compared, cli):
     off, hl = compared["off"], compared["hl"]
     with server.sessions() as s:
         for job_id in (off, hl):
@@ -203,6 +203,8 @@ def test_compare_groups_jobs_by_a_metadata_key(client, server, compared):
     assert isinstance(group, ComparisonGroup) and doc.groups.key == "arm"
     assert group.jobs == [off, hl] and group.final["mean"] == pytest.approx(0.375)
     assert all(isinstance(p, GroupPoint) for p in group.curve)
+    human = cli("reports", "compare", off, hl, "--group-by", "arm").stdout
+    assert "ARM" in human and "0.375 ± 0.075" in human  # (0.30, 0.45): SE 0.106/√2
 
 
 def test_compare_html_and_download(client, compared, tmp_path):

@@ -44,6 +44,20 @@ def _show_comparison(doc: Comparison) -> None:
             f"(p = {_fmt(t.p_value)}, Holm {_fmt(t.p_holm)})",
             markup=False,
         )
+    if doc.groups is not None:
+        out.print(
+            _table(
+                [doc.groups.key.upper(), "JOBS", f"FINAL {doc.metric.upper()} (MEAN ± SE)"],
+                [
+                    [
+                        g.group,
+                        len(g.jobs),
+                        _metric({"value": g.final.get("mean"), "se": g.final.get("se")}),
+                    ]
+                    for g in doc.groups.groups
+                ],
+            )
+        )
     for warning in ([doc.fallback] if doc.fallback else []) + list(doc.warnings):
         _err().print(f"[yellow]warning:[/yellow] {escape(str(warning))}")
 
@@ -58,6 +72,12 @@ def reports_compare(
     file_id: Annotated[
         Optional[str], typer.Option("--file-id", help="Only evaluations on this eval file.")
     ] = None,
+    group_by: Annotated[
+        Optional[str],
+        typer.Option(
+            "--group-by", help="A metadata key: each group's mean ± SE per checkpoint (bands)."
+        ),
+    ] = None,
     html: HtmlOpt = None,
     open_: OpenOpt = False,
     as_json: JsonOpt = False,
@@ -69,5 +89,5 @@ def reports_compare(
     saves the page with the bar chart, --open shows it in a browser."""
     ids = [j for item in jobs for j in item.split(",") if j.strip()]
     compare = _client().reports.compare
-    fetch = functools.partial(compare, jobs=ids, metric=metric, file_id=file_id)
+    fetch = functools.partial(compare, jobs=ids, metric=metric, file_id=file_id, group_by=group_by)
     _report(fetch, "comparison", html, open_, as_json, _show_comparison)
