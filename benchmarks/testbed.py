@@ -367,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         png = args.png or (args.out / "testbed.png" if args.quick else REPO / "docs/testbed.png")
         tf.plot(summary, png)
         summary["png"] = str(png)
+        (args.out / "results.md").write_text(tf.markdown(summary))
+        summary["results_md"] = str(args.out / "results.md")
     summary["mode"] = "quick" if args.quick else "full"
     print(json.dumps(summary, default=str))
     return 0

@@ -89,9 +89,65 @@ def figures(
                              "met": bool(valid and ci is not None and ci[0] >= 0.5)},
             "verdict": verdict,
         }  # fmt: skip
+    if setup.get("k_sweep"):  # the share closed at the largest S for each swept k
+        s = max(setup["stales"])
+        st = [r["accuracy"] for r in results[f"stale-{s}"]]
+        sweep = {k: [r["accuracy"] for r in results[f"stale-{s}+humanline"]]}
+        sweep |= {kk: [r["accuracy"] for r in results[f"stale-{s}+humanline-k{kk}"]]
+                  for kk in setup["k_sweep"]}  # fmt: skip
+        out["by_stale"][s]["k_sweep"] = {
+            kk: {"share_closed": share_closed(on, st, hl), "ci95": bootstrap_share(on, st, hl)}
+            for kk, hl in sorted(sweep.items())
+        }
     n = min(len(v) for v in results.values())
     out["seeds"] = {"value": n, "criterion": ">= 5", "met": n >= 5}
     return out
+
+
+def _pct(m: float | None, se: float | None = None) -> str:
+    if m is None:
+        return "–"
+    return f"{100 * m:.1f}" + (f" ± {100 * se:.1f}" if se is not None else "") + "%"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The results as docs/replication.md shows them: per arm, then per S the criterion."""
+    lines = [
+        "| arm | final accuracy (mean ± SE) | " + " | ".join(
+            f"step {s}" for s in sorted(next(iter(summary["arms"].values()))["curve"])
+        ) + " | completions sampled | sampling s | training s | clamp frac (mean / max) | "
+        "KL (mean / max) |",
+    ]  # fmt: skip
+    lines.append("|---" * (lines[0].count("|") - 1) + "|")
+    for arm, d in summary["arms"].items():
+        curve = " | ".join(_pct(c["mean"], c["se"]) for _, c in sorted(d["curve"].items()))
+        lines.append(
+            f"| {arm} | {_pct(d['accuracy']['mean'], d['accuracy']['se'])} | {curve} | "
+            f"{d['samples_drawn']:.0f} | {d['sampling_s']:.1f} | {d['training_s']:.1f} | "
+            f"{d['clamp_frac_mean']:.4f} / {d['clamp_frac_max']:.4f} | "
+            f"{d['kl_mean']:.5f} / {d['kl_max']:.5f} |"
+        )
+    lines += ["", "| S | online − stale (± SE of the difference) | valid (≥ 3 SE) | "
+              "share closed by stale+humanline (k = 12) | 95% bootstrap CI | verdict |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for s, b in summary["by_stale"].items():
+        gap, share = b["gap_online_minus_stale"], b["share_closed"]
+        ci, value = share["ci95"], share["value"]
+        shown = "–" if value is None else f"{value:.2f}"
+        interval = "–" if ci is None else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+        lines.append(
+            f"| {s} | {100 * gap['value']:+.1f} ± {100 * (gap['se'] or 0):.1f} pts | "
+            f"{'yes' if gap['met'] else 'no'} | {shown} | {interval} | {b['verdict']} |"
+        )
+    for s, b in summary["by_stale"].items():
+        for k, v in (b.get("k_sweep") or {}).items():
+            ci = v["ci95"]
+            lines.append(
+                f"\nS = {s}, k = {k}: share closed "
+                + ("–" if v["share_closed"] is None else f"{v['share_closed']:.2f}")
+                + ("" if ci is None else f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
+            )
+    return "\n".join(lines) + "\n"
 
 
 def plot(summary: dict[str, Any], png: Path) -> None:

@@ -88,6 +88,10 @@ def test_figures_validity_and_share_closed_by_hand():
     lo, hi = out["share_closed"]["ci95"]
     assert 0.5 < lo <= 2 / 3 <= hi
     assert out["verdict"] == "humanline closes the gap"
+    summary = tf.figures(setup, results, 0.1, 12)
+    table = tf.markdown(summary)
+    assert "| 8 | +30.0 ± 1.6 pts | yes | 0.67 |" in table and "humanline closes the gap" in table
+    assert "| online | 50.0 ± 1.2% | 50.0 ± 1.2% |" in table
     results["stale-8"] = [_run(v) for v in (0.49, 0.60, 0.30)]  # gap ~0.04, SE ~0.08: invalid
     out = tf.figures(setup, results, 0.1, 12)["by_stale"][8]
     assert not out["gap_online_minus_stale"]["met"] and not out["share_closed"]["met"]
