@@ -321,8 +321,10 @@ def run(
         "TOKENIZERS_PARALLELISM": "false",
         # the operator mounts the testbed's model directories (users never name a path)
         "ALLOWED_BASE_MODELS": f"tiny-llama,{root / 'init'},{root / 'base'}",
-        # the whole study is queued at once (7 arms × 5 seeds; the default quota is 10)
+        # the whole study is queued at once (7 arms × 5 seeds, a final evaluation each; the
+        # default quotas are 10 active jobs and 10 active evaluations per team)
         "MAX_JOBS_PER_TEAM": "64",
+        "MAX_EVALS_PER_TEAM": "64",
     }
     with EmbeddedService(root, team="testbed", fresh=command != "report", env=env) as service:
         from humanline_client import Client
