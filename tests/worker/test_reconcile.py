@@ -79,7 +79,9 @@ class Env:
             return list(s.execute(q).scalars())
 
     def tick(self, seconds: float = 1.0) -> dict[str, str]:
-        self.now += timedelta(seconds=seconds)
+        # never behind the wall clock: the runner's leases are real-time (a loaded machine
+        # once spent > 1 s launching, and the first tick found the launch's lease still held)
+        self.now = max(self.now, utcnow()) + timedelta(seconds=seconds)
         return self.reconciler.run_once()
 
 
