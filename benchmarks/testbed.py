@@ -70,7 +70,7 @@ class Setup:
 def quick_setup() -> Setup:
     return Setup(
         train_size=64, eval_size=8, hidden=32, layers=1, heads=2, sft_steps=2, sft_batch=8,
-        steps=2, prompts_per_step=2, group=2, stales=(2,), k_sweep=(), seeds=[0, 1],
+        steps=2, prompts_per_step=2, group=2, stales=(2,), k_sweep=(), seeds=[0],
         eval_points=1,
     )  # fmt: skip
 
