@@ -18,7 +18,7 @@ from typing import Any
 
 from reports import plots, story
 from reports.html import esc, fmt, table
-from reports.stats import metric_estimate, pick_evaluation
+from reports.stats import finite_number, metric_estimate, pick_evaluation
 
 UNSET = "(unset)"
 
@@ -53,10 +53,10 @@ def job_points(entry: dict[str, Any], metric: str, file_id: str | None) -> dict[
 
 def sampled_by_step(entry: dict[str, Any]) -> list[tuple[int, float]]:
     """(step a round began, completions sampled up to and including it), in step order."""
-    k = story._num(((entry.get("spec") or {}).get("online") or {}).get("num_samples"))
+    k = finite_number(((entry.get("spec") or {}).get("online") or {}).get("num_samples"))
     out, total = [], 0.0
     for m in sorted(entry.get("metrics") or [], key=lambda m: m.get("step", 0)):
-        prompts = story._num(m.get("round/prompts"))
+        prompts = finite_number(m.get("round/prompts"))
         if prompts is not None and k:
             total += prompts * k
             out.append((int(m["step"]), total))

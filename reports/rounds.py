@@ -10,20 +10,14 @@ them (round/sampled_tokens)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from reports import plots
 from reports.html import esc, fmt, table
+from reports.stats import finite_number
 
 PER_PROMPT = {"dpo": 1, "kto": 2, "grpo": 1}
 KEPT_NAME = {"dpo": "kept pairs", "kto": "kept examples", "grpo": "kept groups"}
-
-
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-        return float(v)
-    return None
 
 
 def round_rows(
@@ -31,18 +25,21 @@ def round_rows(
 ) -> list[dict[str, Any]]:
     raw: dict[int, dict[str, Any]] = {}
     for m in metrics:
-        if _num(m.get("round/index")) is not None:
+        if finite_number(m.get("round/index")) is not None:
             raw.setdefault(int(m["round/index"]), {"step": m.get("step"), **m})
     for e in events:  # events come from every round, whatever log_every is: they win
         data = e.get("data") or {}
-        if e.get("kind") == "round" and _num(data.get("round/index")) is not None:
+        if e.get("kind") == "round" and finite_number(data.get("round/index")) is not None:
             raw[int(data["round/index"])] = {"step": data.get("step"), **data}
     per = PER_PROMPT.get(objective or "", 1)
     rows = []
     for index in sorted(raw):
         d = raw[index]
-        prompts, kept = _num(d.get("round/prompts")), _num(d.get("round/examples"))
-        filtered = _num(d.get("round/filtered_frac"))
+        prompts, kept = (
+            finite_number(d.get("round/prompts")),
+            finite_number(d.get("round/examples")),
+        )
+        filtered = finite_number(d.get("round/filtered_frac"))
         if filtered is None and prompts and kept is not None:
             filtered = max(0.0, 1.0 - (kept / per) / prompts)
         rows.append(
@@ -52,15 +49,15 @@ def round_rows(
                 "prompts": prompts,
                 "kept": kept,
                 "filtered_share": filtered,
-                "reward": _num(d.get("reward/mean")),
+                "reward": finite_number(d.get("reward/mean")),
                 "rewards": {
-                    k.removeprefix("reward/"): _num(v)
+                    k.removeprefix("reward/"): finite_number(v)
                     for k, v in d.items()
                     if k.startswith("reward/") and k != "reward/mean"
                 },
-                "sampled_tokens": _num(d.get("round/sampled_tokens")),
-                "sample_time": _num(d.get("round/sample_time")),
-                "score_time": _num(d.get("round/score_time")),
+                "sampled_tokens": finite_number(d.get("round/sampled_tokens")),
+                "sample_time": finite_number(d.get("round/sample_time")),
+                "score_time": finite_number(d.get("round/score_time")),
             }
         )
     return rows

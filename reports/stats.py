@@ -325,3 +325,10 @@ def pick_evaluation(
             e.get("id", ""),
         ),
     )
+
+
+def finite_number(v: Any) -> float | None:
+    """A finite int or float as a float; None for anything else (bools, NaN, strings)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+        return float(v)
+    return None

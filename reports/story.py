@@ -15,11 +15,11 @@ round/sampled_tokens where the trainer logs it; GPU-hours = wall-clock × GPUs w
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Any
 
 from reports.job import metric_series, to_epoch
+from reports.stats import finite_number
 
 CURVES = ("loss", "reward/mean", "rewards/margins", "rewards/accuracies", "kl", "grad_norm")
 CURVE_LABELS = {
@@ -34,18 +34,12 @@ FINAL = ("loss", "rewards/margins", "rewards/accuracies", "reward/mean", "kl")
 IGNORED_SPEC_KEYS = ("training_file", "validation_file", "metadata", "suffix")
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-        return float(v)
-    return None
-
-
 def _gpus(started: dict[str, Any]) -> int:
-    if _num(started.get("gpus")):
+    if finite_number(started.get("gpus")):
         return int(started["gpus"])
     device = str(started.get("device") or "")
     if device.startswith("cuda"):
-        return int(_num(started.get("world_size")) or 1)
+        return int(finite_number(started.get("world_size")) or 1)
     return 0
 
 
@@ -61,18 +55,23 @@ def cost(entry: dict[str, Any]) -> dict[str, Any]:
     trained = [
         tps * st
         for m in metrics
-        if (tps := _num(m.get("tokens_per_s"))) is not None and (st := _num(m.get("step_time")))
+        if (tps := finite_number(m.get("tokens_per_s"))) is not None
+        and (st := finite_number(m.get("step_time")))
     ]
-    rounds = [m for m in metrics if _num(m.get("round/index")) is not None]
-    k = _num((spec.get("online") or {}).get("num_samples"))
-    sampled_tok = [t for m in rounds if (t := _num(m.get("round/sampled_tokens"))) is not None]
+    rounds = [m for m in metrics if finite_number(m.get("round/index")) is not None]
+    k = finite_number((spec.get("online") or {}).get("num_samples"))
+    sampled_tok = [
+        t for m in rounds if (t := finite_number(m.get("round/sampled_tokens"))) is not None
+    ]
     gpus = _gpus(entry.get("started") or {})
     return {
         "wall_clock_s": wall,
         "trained_tokens": sum(trained) * every if trained else None,
         "trained_tokens_approx": every > 1,
         "sampled_completions": (
-            sum(_num(m.get("round/prompts")) or 0 for m in rounds) * k if rounds and k else None
+            sum(finite_number(m.get("round/prompts")) or 0 for m in rounds) * k
+            if rounds and k
+            else None
         ),
         "sampled_tokens": sum(sampled_tok) if sampled_tok else None,
         "rounds": len(rounds),
