@@ -245,6 +245,8 @@ def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> 
     group, as the comparison report counts them), wall-clock, clamp fraction and KL."""
     from replicate import pass_at_1
 
+    from reports.groups import sampled_at, sampled_by_step
+
     job = client.jobs.wait(job_id, timeout=7200)
     if job.status != "succeeded":
         raise RuntimeError(f"job {job_id} {job.status}: {job.error}")
@@ -252,9 +254,8 @@ def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> 
     steps = [c.step for c in client.jobs.checkpoints(job_id) if c.step < setup.steps]
     curve = {s: pass_at_1(_evaluation(client, job_id, s, request)) for s in steps}
     curve[setup.steps] = pass_at_1(_evaluation(client, job_id, None, request))
-    rounds = [(m["step"], m["round/prompts"] * setup.group) for m in metrics
-              if "round/prompts" in m]  # fmt: skip
-    sampled = {s: sum(n for at, n in rounds if at <= s) for s in curve}
+    rounds = sampled_by_step({"spec": job.spec, "metrics": metrics})
+    sampled = {s: sampled_at(rounds, s) for s in curve}
     sample_s = sum(m.get("round/sample_time", 0.0) for m in metrics)
     wall = (job.finished_at - job.started_at).total_seconds()
     return {

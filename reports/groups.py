@@ -63,7 +63,7 @@ def sampled_by_step(entry: dict[str, Any]) -> list[tuple[int, float]]:
     return out
 
 
-def _sampled_at(rounds: list[tuple[int, float]], step: int) -> float:
+def sampled_at(rounds: list[tuple[int, float]], step: int) -> float:
     return max((total for s, total in rounds if s <= step), default=0.0)
 
 
@@ -82,7 +82,7 @@ def build_groups(
         for step in sorted({s for p in points for s in p}):
             have = [(p[step], r) for p, r in zip(points, rounds, strict=True) if step in p]
             m, se = _mean_se([v for v, _ in have])
-            sampled = statistics.fmean(_sampled_at(r, step) for _, r in have)
+            sampled = statistics.fmean(sampled_at(r, step) for _, r in have)
             curve.append({"step": step, "mean": m, "se": se, "n": len(have), "sampled": sampled})
         picked = [pick_evaluation(e.get("evaluations") or [], metric, file_id) for e in group]
         finals = [est.value for ev in picked if ev and (est := metric_estimate(ev, metric))]
