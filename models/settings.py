@@ -176,6 +176,13 @@ class Settings(BaseSettings):
         _JUDGE.concurrency, ge=1, description="Judge requests in flight at once."
     )
     EVAL_SAMPLING_ENGINE: str = Field("hf", description="hf, vllm or auto (trainer.sampling).")
+    EVAL_WARM_START: bool = Field(
+        False,
+        description="Fork evaluations from a warm process that has imported torch and "
+        "transformers (worker.warm) instead of starting a fresh interpreter: about 6 s less "
+        "per evaluation, for many small ones (benchmarks/testbed.py). The worker must run "
+        "the trainer's interpreter (TRAINER_PYTHON); other launches start cold.",
+    )
     EVAL_TIMEOUT_SECONDS: float = Field(
         6 * 3600.0, gt=0, description="An evaluation still running after this is killed."
     )

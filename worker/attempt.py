@@ -39,12 +39,14 @@ import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from worker.config import WorkerSettings, new_worker_id
 from worker.scrub import Server, error_tail, scrub, this_server
+from worker.warm import can_start as can_start_warm
+from worker.warm import start as start_warm
 
 log = logging.getLogger("humanline.worker")
 
@@ -75,6 +77,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     deathsig: int = signal.SIGKILL
+    warm: bool = False  # forked from the warm process (worker.warm) when it can be
 
 
 # --- the child process -------------------------------------------------------------------------
@@ -101,7 +104,17 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
     return preexec
 
 
-def kill_group(proc: subprocess.Popen | None) -> None:
+class Child(Protocol):
+    """A started child: a subprocess.Popen or a worker.warm.WarmProcess."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_group(proc: Child | None) -> None:
     """SIGKILL the child's whole process group (accelerate's ranks included)."""
     if proc is None or proc.poll() is not None:
         return
@@ -204,7 +217,7 @@ class LeasedAttempt:
         self.stop_reason: str | None = None
         self.stop_asked_at = 0.0
         self.killed = False  # we killed the child after asking it to stop (no checkpoint then)
-        self.proc: subprocess.Popen | None = None
+        self.proc: Child | None = None
         self.heartbeat = Heartbeat(self)
         self.log = _Prefixed(log, {"what": f"{self.kind} {row_id}"})
 
@@ -320,21 +333,33 @@ class LeasedAttempt:
                 with contextlib.suppress(OSError):  # the row's own directory, once empty
                     self.dir.parent.rmdir()
 
-    def supervise(self, launch: Launch) -> int:
-        """Start the child, tail it until it exits; its exit code."""
-        self.log.info("starting: %s", " ".join(launch.argv))
-        with open(self.dir / "stdout.log", "wb") as out, open(self.dir / STDERR_LOG, "wb") as err:
-            self.proc = subprocess.Popen(
+    def start_child(self, launch: Launch) -> Child:
+        """The child, in its own session (killpg reaches every rank), its output in the
+        attempt's files; forked from the warm process (worker.warm) where the launch asks."""
+        warm = launch.warm and can_start_warm(launch.argv)
+        self.log.info("starting%s: %s", " (warm)" if warm else "", " ".join(launch.argv))
+        out, err = self.dir / "stdout.log", self.dir / STDERR_LOG
+        if warm:
+            out.write_bytes(b"")
+            err.write_bytes(b"")
+            return start_warm(launch.argv, env=launch.env, cwd=self.dir, stdout=out,
+                              stderr=err, deathsig=launch.deathsig)  # fmt: skip
+        with open(out, "wb") as out_fh, open(err, "wb") as err_fh:
+            return subprocess.Popen(
                 launch.argv,
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
+                stdout=out_fh,
+                stderr=err_fh,
                 env=launch.env,
                 cwd=self.dir,
-                start_new_session=True,  # its own process group: killpg reaches every rank
+                start_new_session=True,
                 # Safe with threads: it makes two plain libc calls prepared before the fork.
                 preexec_fn=die_with_parent(launch.deathsig),  # noqa: PLW1509
             )
+
+    def supervise(self, launch: Launch) -> int:
+        """Start the child, tail it until it exits; its exit code."""
+        self.proc = self.start_child(launch)
         while True:
             rc = self.proc.poll()
             self.on_poll()  # after poll(): once it has exited, this sees all its output

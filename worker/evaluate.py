@@ -243,7 +243,7 @@ class EvaluationAttempt(LeasedAttempt):
         if self.settings.EVAL_JUDGE_API_KEY:
             env[JUDGE_API_KEY_ENV] = self.settings.EVAL_JUDGE_API_KEY
         self.deadline = time.monotonic() + self.settings.EVAL_TIMEOUT_SECONDS
-        return Launch(argv, env)
+        return Launch(argv, env, warm=self.settings.EVAL_WARM_START)
 
     def on_poll(self) -> None:
         if self.proc is not None and self.proc.poll() is None and time.monotonic() > self.deadline:
