@@ -172,3 +172,15 @@ def test_online_spec_validation():
                 "online": {"sample_every": 2},
             }
         )
+
+
+def test_a_round_draws_only_the_prompts_it_needs(tmp_path, prompt_file, reward_model_dir):
+    """GRPO keeping every group: a round of 2 steps × 4 groups samples 8 prompts, not one more
+    (each extra prompt is sampled, scored and thrown away)."""
+    spec = online_spec(prompt_file, reward_model_dir, objective="grpo", batch_size=16)
+    spec = spec.model_copy(
+        update={"online": spec.online.model_copy(update={"zero_variance_groups": "keep"})}
+    )
+    assert train_mod.train(spec, tmp_path, progress=False).status == "succeeded"
+    rounds = [r for r in metrics(tmp_path) if "round/index" in r]
+    assert [(r["round/prompts"], r["round/examples"]) for r in rounds] == [(8.0, 8.0)] * 2

@@ -171,9 +171,8 @@ class OnlineData:
         was_training = policy.training
         policy.eval()
         while len(examples) < needed and used < budget:
-            picked = [
-                self._next_index() for _ in range(min(needed // per_prompt + 1, budget - used))
-            ]
+            short = math.ceil((needed - len(examples)) / per_prompt)  # the prompts still due
+            picked = [self._next_index() for _ in range(min(short, budget - used))]
             seed = derive_seed(self.spec.seed, "sample", index, used)
             used += len(picked)
             groups = self._sample_and_score(
