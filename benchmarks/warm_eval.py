@@ -43,8 +43,10 @@ def one_mode(root: Path, warm: bool, n: int) -> tuple[list[float], list[Any]]:
         seconds, metrics = [], []
         for _ in range(n):
             t0 = time.perf_counter()
-            ev = client.evaluations.create(base_model="tiny-llama", file_id=file_id, kind="math",
-                                           max_items=4, generation={"max_new_tokens": 16})  # fmt: skip
+            ev = client.evaluations.create(
+                base_model="tiny-llama", file_id=file_id, kind="math", max_items=4,
+                generation={"max_new_tokens": 16},
+            )  # fmt: skip
             ev = client.evaluations.wait(ev.id, timeout=600)
             seconds.append(time.perf_counter() - t0)
             if ev.status != "succeeded":
