@@ -4,8 +4,8 @@ path (api.embedded: API, in-process worker, job specs, evaluations, comparison r
 
 Task: two-operand addition ``a+b=`` (operands drawn by a fixed RNG; train and held-out
 disjoint), the answer a number the product's ``math_accuracy`` verifier checks. Model: a small
-random-init Llama with the repo's tiny 512-token tokenizer; its base policy is a product
-``objective: sft`` job on a few worked sums (held-out accuracy roughly 20-50%).
+random-init Llama with a task tokenizer (every digit one token, `task_tokenizer`); its base
+policy is a product ``objective: sft`` job on worked sums (held-out accuracy roughly 20-50%).
 
 Arms (docs/replication.md, pre-registered rules): online (``sample_every: 1``), stale-S
 (``sample_every: S``, S × the data every S steps: same total), stale-S+humanline (k from the
@@ -46,7 +46,7 @@ class Setup:
     digits: tuple[int, int] = (3, 1)  # digits of the first and the second operand
     train_size: int = 2000
     eval_size: int = 200
-    # model: random Llama over the tiny tokenizer (vocab 512)
+    # model: random Llama over the task tokenizer (vocab 278)
     hidden: int = 128
     layers: int = 4
     heads: int = 4

@@ -11,8 +11,8 @@ Modules: attempt (the one leased attempt: claim → prepare → subprocess → t
 heartbeat, fence, kill with the parent), runner (training's prepare and conclude), inputs
 (what an attempt downloads and writes before the launch), micro_batch (an out-of-memory end:
 the finer micro-batch the next attempt uses), progress (a run's files into the DB and the
-store), evaluate (evaluation's prepare and conclude),
-job_evaluations (evaluations a spec names, created when its job succeeds), config
+store), evaluate (evaluation's prepare and conclude), warm (evaluations forked from a process
+that imported torch once: EVAL_WARM_START), job_evaluations (evaluations a spec names, created when its job succeeds), config
 (WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
 gpus (WORKER_GPUS and the placement check), launchers (how an attempt's ranks are started
 and followed: the local subprocess or a Kubeflow TrainJob, one interface), tail (JSONL
@@ -23,5 +23,5 @@ server path, hostname or pid in what a team reads), celery_app + tasks (Celery),
 (BROKER_URL=memory://: a thread in the API process), multinode (a multi-node attempt: its
 spec in the store, the ranks' argv), reconcile + reconcile_tick (multi-node jobs: launched by
 run_job, followed by the beat task reconcile_jobs). No torch is imported here: training
-and evaluation always run in a subprocess.
+and evaluation always run in a child process (warm's fork server imports it, not the worker).
 """
