@@ -12,7 +12,8 @@ heartbeat, fence, kill with the parent), runner (training's prepare and conclude
 (what an attempt downloads and writes before the launch), micro_batch (an out-of-memory end:
 the finer micro-batch the next attempt uses), progress (a run's files into the DB and the
 store), evaluate (evaluation's prepare and conclude), warm (evaluations forked from a process
-that imported torch once: EVAL_WARM_START), job_evaluations (evaluations a spec names, created when its job succeeds), config
+that imported torch once: EVAL_WARM_START), job_evaluations (evaluations a spec names,
+created when its job succeeds), config
 (WorkerSettings), routing (which queue, how many processes), launch (the trainer's argv),
 gpus (WORKER_GPUS and the placement check), launchers (how an attempt's ranks are started
 and followed: the local subprocess or a Kubeflow TrainJob, one interface), tail (JSONL

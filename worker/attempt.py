@@ -39,12 +39,13 @@ import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from worker.config import WorkerSettings, new_worker_id
 from worker.scrub import Server, error_tail, scrub, this_server
+from worker.warm import Child
 from worker.warm import can_start as can_start_warm
 from worker.warm import start as start_warm
 
@@ -102,16 +103,6 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
             exit_now(1)
 
     return preexec
-
-
-class Child(Protocol):
-    """A started child: a subprocess.Popen or a worker.warm.WarmProcess."""
-
-    pid: int
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def kill_group(proc: Child | None) -> None:

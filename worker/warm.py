@@ -30,6 +30,7 @@ import subprocess
 import sys
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Protocol
 
 PRELOAD = [
     "torch",
@@ -51,6 +52,16 @@ def can_start(argv: list[str]) -> bool:
         and argv[1] == "-m"
         and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
     )
+
+
+class Child(Protocol):
+    """A started child as worker.attempt follows it: a subprocess.Popen or a WarmProcess."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class WarmProcess:
