@@ -25,7 +25,6 @@ import contextlib
 import multiprocessing
 import os
 import runpy
-import signal
 import subprocess
 import sys
 from multiprocessing.process import BaseProcess
@@ -72,10 +71,6 @@ class WarmProcess:
         self.pid: int = process.pid  # type: ignore[assignment]
         self.args = process.name
 
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
     def poll(self) -> int | None:
         return self._process.exitcode
 
@@ -104,15 +99,13 @@ def _child(
         with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, deathsig, 0, 0, 0)
     os.chdir(cwd)
-    with contextlib.suppress(OSError):  # like stdin=DEVNULL
-        _redirect(Path(os.devnull), 0)
+    # stdin is already /dev/null: multiprocessing's bootstrap reopens it before the target
     _redirect(Path(stdout), 1)
     _redirect(Path(stderr), 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(env)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     module, args = argv[2], argv[3:]
     sys.argv = [module, *args]
     sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

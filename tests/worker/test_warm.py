@@ -37,6 +37,7 @@ def test_a_warm_child_is_what_a_cold_launch_is(tmp_path, monkeypatch):
     assert seen["argv"] == ["report", "3"] and seen["name"] == "__main__"
     assert seen["cwd"] == str(tmp_path)
     assert seen["probe"] == "yes" and seen["outer"] is None  # the launch's environment only
+    assert seen["stdin"] == ""  # /dev/null, as stdin=DEVNULL
     assert seen["pid"] == proc.pid and seen["sid"] == proc.pid == seen["pgrp"]  # own session
     assert (tmp_path / "err.log").read_text() == "a line on stderr\n"
 

@@ -19,7 +19,8 @@ def main() -> int:
     if mode == "report":
         seen = {"argv": sys.argv[1:], "cwd": os.getcwd(), "name": __name__,
                 "probe": os.environ.get("WARM_PROBE"), "outer": os.environ.get("WARM_OUTER"),
-                "pid": os.getpid(), "sid": os.getsid(0), "pgrp": os.getpgrp()}  # fmt: skip
+                "pid": os.getpid(), "sid": os.getsid(0), "pgrp": os.getpgrp(),
+                "stdin": os.read(0, 1).decode()}  # fmt: skip
         print(json.dumps(seen))
         print("a line on stderr", file=sys.stderr)
         return int(sys.argv[2])
