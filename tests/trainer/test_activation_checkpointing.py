@@ -143,18 +143,39 @@ def _fsdp(spec):
     )
 
 
+LR = 3e-3
+
+
 def _same_run(a: Path, b: Path, step: int) -> None:
-    """Losses, grad norms and final weights agree. Without checkpointing the CPU layout runs a
-    shared prompt once (trainer.tokenize.SharedPrefix); with it every row runs its prompt
-    (trainer.distributed), the same function to float rounding: hence 1e-5, not bitwise."""
+    """The same run with and without checkpointing, in one layout (`one_pass_layout`: the
+    CPU's shared-prompt layout runs without checkpointing only, and comparing two layouts
+    under Adam is what failed on some CPUs, 1.1e-6 > 1e-6).
+
+    LoRA runs are bitwise equal. Full fine-tuning is equal to float rounding only: backward's
+    weight-gradient GEMMs read the recomputed activations, and some CPUs' kernels round those
+    differently from the saved ones (measured: grad norms 2e-7 apart at step 3, never at
+    steps 1-2; single forwards are bitwise, test_checkpointing_gives_bitwise_equal_...). Adam
+    divides by the gradient's running RMS, so a rounding difference moves a weight by at most
+    a small fraction of lr per step: the bound is 1e-3 · lr · steps (measured 3.0e-7 against
+    9e-6), while a wrong or missing gradient moves weights by about lr per step."""
     ma, mb = _metrics(a), _metrics(b)
     assert ma[-1]["loss"] != ma[0]["loss"]  # it trained
     for x, y in zip(ma, mb, strict=True):
-        assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-6)
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-6)
         assert y["grad_norm"] == pytest.approx(x["grad_norm"], rel=1e-5)
     wa, wb = _weights(a, step), _weights(b, step)
     assert wa.keys() == wb.keys()
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-3 * LR * step
+
+
+@pytest.fixture
+def one_pass_layout(monkeypatch):
+    """The CPU trainer's layout without the shared-prompt pass (trainer.distributed), the one
+    checkpointing forces: turning checkpointing on or off then changes nothing else."""
+    from trainer.distributed import Replicated, Sharded
+
+    monkeypatch.setattr(Replicated, "cpu_share_prompts", False)
+    monkeypatch.setattr(Sharded, "cpu_share_prompts", False)
 
 
 CASES = {
@@ -166,10 +187,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_checkpointed_run_equals_the_plain_run(tmp_path, make_spec, loader, case):
+def test_checkpointed_run_equals_the_plain_run(
+    tmp_path, make_spec, loader, one_pass_layout, case
+):
     kw, sharded = CASES[case]
     spec = make_spec(
-        **kw, max_steps=3, grad_accum=1, optim={"lr": 3e-3, "warmup_ratio": 0.0}, quality_sample=0
+        **kw, max_steps=3, grad_accum=1, optim={"lr": LR, "warmup_ratio": 0.0}, quality_sample=0
     )
     spec = _fsdp(spec) if sharded else spec
     train(spec.model_copy(update={"activation_checkpointing": "off"}), tmp_path / "off")
