@@ -134,6 +134,29 @@ def choose_micro_batch_here(
     return choice, room
 
 
+def forget_gradients(model: torch.nn.Module, optimizer) -> None:
+    """Drop every gradient a failed attempt at a step left, so its redo starts from none.
+
+    optimizer.zero_grad clears the parameters' `.grad`, which under FSDP2 are the sharded ones
+    only: micro-batches run without gradient sync accumulate into each FSDPParam's unsharded
+    buffers (`unsharded_param.grad`, or `unsharded_accumulated_grad` when reduce_dtype differs),
+    which the next synced backward would reduce-scatter into the redone step. The root's
+    `reset_iter_state` (torch >= 2.13) first reshards and clears the iteration state that an
+    error in the middle of a forward or backward leaves (it keeps those buffers)."""
+    optimizer.zero_grad(set_to_none=True)
+    reset = getattr(model, "reset_iter_state", None)
+    if reset is not None:
+        reset()
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        for group in getattr(state, "_fsdp_param_groups", ()):
+            for param in group.fsdp_params:
+                param.unsharded_accumulated_grad = None
+                unsharded = getattr(param, "_unsharded_param", None)
+                if unsharded is not None:
+                    unsharded.grad = None
+
+
 def after_out_of_memory(
     spec: JobSpec,
     accelerator,

@@ -32,7 +32,7 @@ from reports.version import code_version
 from trainer import checkpoint
 from trainer.distributed import make_parallel
 from trainer.logps import batch_logps, keep_softmax
-from trainer.memory import after_out_of_memory, choose_micro_batch_here
+from trainer.memory import after_out_of_memory, choose_micro_batch_here, forget_gradients
 from trainer.modeling import (
     activation_checkpointing,
     apply_model_options,
@@ -267,7 +267,7 @@ class Trainer:
         """An out-of-memory error in `step`: free what the attempt held, then split the batch
         finer and let the caller redo the step (one process), or stop for a retry from the
         last checkpoint (trainer.memory.after_out_of_memory)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        forget_gradients(self.model, self.optimizer)  # FSDP2's unsharded buffers too
         self._batches.clear()  # collated for the old split
         self.memory = after_out_of_memory(
             self.spec, self.accelerator, self.memory, step, error, self.log, self.out_dir
