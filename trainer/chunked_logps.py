@@ -59,6 +59,11 @@ def chunked_logps(
         raise ValueError(f"hidden states and labels do not match: {shapes}")
     if chunk is None:
         chunk = chunk_tokens(weight.shape[0])
+    # Only a forward that builds a graph has a backward to keep the softmax for. Decided here:
+    # inside forward grad mode is always off, and ctx.needs_input_grad reports the inputs'
+    # requires_grad even under no_grad (a reference, KTO's mismatched rows, data scoring).
+    keep_softmax = keep_softmax and torch.is_grad_enabled()
+    keep_softmax = keep_softmax and (h.requires_grad or weight.requires_grad)
     return _ChunkedLogps.apply(h, weight, labels, float(temperature), int(chunk), keep_softmax)
 
 
@@ -101,7 +106,7 @@ class _ChunkedLogps(torch.autograd.Function):
         keep_softmax: bool,
     ) -> Tensor:
         dtype = _compute_dtype(h, weight)
-        keep = keep_softmax and any(ctx.needs_input_grad[:2])
+        keep = keep_softmax  # and a graph is being built (chunked_logps)
         kept: list[Tensor] = []  # each chunk's softmax, when kept
         out = torch.empty(labels.shape, dtype=torch.float32, device=h.device)
         picked, lse = out.view(-1), torch.empty(labels.numel(), device=h.device)
