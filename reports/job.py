@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from reports import plots
@@ -27,23 +28,12 @@ from reports.estimate import estimate_section, estimate_vs_actual
 from reports.html import card, esc, fmt, page, pct, pre_json, table
 from reports.panels import flat_zero_warnings, humanline_of, objective_of, panels_for
 from reports.rounds import round_rows, round_warnings, rounds_section
+from reports.rundir import read_run_dir
+from reports.times import to_epoch
 from reports.version import code_version
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 HEADLINE = {"instruction": "lc_win_rate", "math": "pass_at_1"}
-
-
-def to_epoch(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    try:
-        return to_epoch(datetime.fromisoformat(str(value)))
-    except ValueError:
-        return None
 
 
 def _iso(value: Any) -> str | None:
@@ -376,6 +366,12 @@ def render_job_html(report: dict[str, Any]) -> str:
     return page(f"Job {job.get('id', '')}", body, subtitle, code_version=version)
 
 
-from reports.rundir import load_run_dir  # noqa: E402  (re-exported; it builds on this module)
+def load_run_dir(
+    run_dir: str | Path, evaluations: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """build_job_report over a trainer run directory (`python -m trainer run` output, read by
+    reports.rundir)."""
+    return build_job_report(**read_run_dir(run_dir), evaluations=evaluations)
+
 
 __all__ = ["build_job_report", "load_run_dir", "render_job_html"]

@@ -1,4 +1,5 @@
-"""A job report from a trainer run directory (`python -m trainer run` output): metrics.jsonl,
+"""A trainer run directory (`python -m trainer run` output) read as the inputs of a job report
+(reports.job.build_job_report; reports.job.load_run_dir joins the two): metrics.jsonl,
 events.jsonl, data_quality.json, result.json and the last checkpoint's spec.json."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from contract.runs import (
     checkpoint_step,
 )
 from contract.spec import variant_of
-from reports.job import build_job_report, to_epoch
+from reports.times import to_epoch
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -50,10 +51,8 @@ def _last_checkpoint_spec(run: Path) -> dict[str, Any]:
     return {}
 
 
-def load_run_dir(
-    run_dir: str | Path, evaluations: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """build_job_report over a trainer run directory (`python -m trainer run` output)."""
+def read_run_dir(run_dir: str | Path) -> dict[str, Any]:
+    """The keyword arguments of build_job_report (all but `evaluations`) for a run directory."""
     run = Path(run_dir)
     metrics = _jsonl(run / METRICS_FILE)
     events = _jsonl(run / EVENTS_FILE)
@@ -82,12 +81,11 @@ def load_run_dir(
         "finished_at": max(times) if result and times else None,
         "result": result,
     }
-    return build_job_report(
-        job=job,
-        spec=spec,
-        metrics=metrics,
-        events=events,
-        data_quality=dq,
-        evaluations=evaluations,
-        training_file=training_file,
-    )
+    return {
+        "job": job,
+        "spec": spec,
+        "metrics": metrics,
+        "events": events,
+        "data_quality": dq,
+        "training_file": training_file,
+    }

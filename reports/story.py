@@ -18,8 +18,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from reports.job import metric_series, to_epoch
+from reports.job import metric_series
 from reports.stats import finite_number
+from reports.times import to_epoch
 
 CURVES = ("loss", "reward/mean", "rewards/margins", "rewards/accuracies", "kl", "grad_norm")
 CURVE_LABELS = {
