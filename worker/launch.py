@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from worker.routing import Placement
+from worker.routing import Placement
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
-"""Where a job runs and how the trainer is started: queue, process count, devices, argv.
+"""Where a job runs: its queue, and the placement of an attempt (process count, devices, the
+trainer's environment). The argv that starts the trainer on a placement is worker.launch's.
 
 Routing rule (one place, documented in README terms):
   * job metadata `gpus` (a string, as all metadata) set to an integer N: N >= 1 → `gpu`,
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from contract.tasks import CPU_QUEUE, GPU_QUEUE, WORKER_QUEUES  # noqa: F401 (re-exported)
-from worker.launch import free_port, trainer_command  # noqa: F401  (argv: worker.launch)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from worker.config import WorkerSettings
+from worker.launch import trainer_command
 from worker.routing import (
     PROJECT_ROOT,
     Placement,
     PlacementError,
     placement,
     queue_for,
-    trainer_command,
     trainer_env,
 )
 from worker.tail import JsonlTail
