@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from contract.runs import (
     CHECKPOINT_FORMAT,
@@ -21,8 +22,20 @@ from storage import IncompleteCheckpointError, ObjectNotFound
 from worker import micro_batch
 from worker.attempt import AttemptFailed
 
-if TYPE_CHECKING:
-    from worker.runner import Attempt
+
+class Attempt(Protocol):
+    """What the downloads need of a training attempt (worker.runner.Attempt)."""
+
+    sessions: sessionmaker[Session]
+    store: Any  # storage.ObjectStore
+    job_id: str
+    training_file_id: str | None
+    run_dir: Path
+    resumed_from: int | None  # set here: the step of the checkpoint it resumes from
+    progress: Any  # worker.progress.RunProgress: .resumed(step, prefix)
+    log: Any
+
+    def warn(self, message: str) -> None: ...
 
 
 def download_training_file(a: Attempt, dest: Path) -> None:

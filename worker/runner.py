@@ -5,8 +5,8 @@
                spec.json of every checkpoint holds no server path), write the spec, download the
                newest complete checkpoint into RUN_DIR/checkpoints/step-N (→ --resume), place
                the processes (`placement`, worker.routing) and build the launch (`launch`:
-               worker.routing.trainer_command / trainer_env): `python -m trainer run`, or
-               `accelerate launch` for several processes.
+               worker.launch.trainer_command, worker.routing.trainer_env): `python -m
+               trainer run`, or `accelerate launch` for several processes.
     on_poll    metrics.jsonl and events.jsonl into the DB, every new complete checkpoint dir
                uploaded, then recorded (worker.progress.RunProgress); a stop request
                (`cancelling`, a worker shutdown) → touch RUN_DIR/STOP (contract.runs).
@@ -62,15 +62,15 @@ from worker.attempt import (
 from worker.config import WorkerSettings
 from worker.gpus import place_attempt
 from worker.job_evaluations import create_job_evaluations
+from worker.launch import trainer_command
 from worker.launchers.base import Launcher
 from worker.progress import UPLOAD_ATTEMPTS, RunProgress
 from worker.reconcile import Reconciler
-from worker.routing import Placement, PlacementError, queue_for, trainer_command, trainer_env
+from worker.routing import Placement, PlacementError, queue_for, trainer_env
 
 log = logging.getLogger("humanline.worker")
 
 CLAIM_TRIES = 8  # a claim that keeps meeting other workers' team locks, then gives up
-JobFailed = AttemptFailed  # a failure of the job itself: bad data, bad spec, a trainer crash
 
 
 class Attempt(LeasedAttempt):
