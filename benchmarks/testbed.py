@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,7 +34,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "client"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import testbed_env as tenv  # noqa: E402
 import testbed_figures as tf  # noqa: E402
+from testbed_task import make_model, make_task, task_tokenizer  # noqa: E402, F401
 
 MATH_PRESET_K = 12  # contract/presets.py: the math preset's humanline_params.sync_every
 
@@ -65,6 +66,8 @@ class Setup:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     eval_points: int = 4  # checkpoints evaluated along the way (the final one included)
     eval_samples: int = 1
+    arm_names: tuple[str, ...] | None = None  # `--arms`: a subset of arms() (None: all)
+    deadline_min: float | None = None  # `--deadline`: the time box, from the command's start
 
 
 def quick_setup() -> Setup:
@@ -73,81 +76,6 @@ def quick_setup() -> Setup:
         steps=2, prompts_per_step=2, group=2, stales=(2,), k_sweep=(), seeds=[0],
         eval_points=1,
     )  # fmt: skip
-
-
-# ---- the task ------------------------------------------------------------------------------
-def make_task(setup: Setup, out: Path) -> dict[str, Path]:
-    """Deterministic: sft (prompt/completion), grpo (prompt/answer), held-out (problem/answer)."""
-    from trainer import prompts
-
-    rng = random.Random(28)
-    da, db = setup.digits
-    seen: set[tuple[int, int]] = set()
-    rows: list[tuple[str, str]] = []
-    while len(rows) < 2 * setup.train_size + setup.eval_size:
-        a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in (da, db))
-        if (a, b) not in seen:
-            seen.add((a, b))
-            rows.append((f"{a}+{b}=", str(a + b)))
-    held = rows[: setup.eval_size]
-    sft = rows[setup.eval_size : setup.eval_size + setup.train_size]
-    grpo = rows[setup.eval_size + setup.train_size :]
-    paths = {k: out / f"addition_{k}.jsonl" for k in ("sft", "grpo", "heldout")}
-    paths["sft"].write_text(prompts.to_jsonl([{"prompt": q, "completion": a} for q, a in sft]))
-    paths["grpo"].write_text(prompts.to_jsonl(
-        [{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in grpo]
-    ))  # fmt: skip
-    paths["heldout"].write_text(prompts.to_jsonl([{"problem": q, "answer": a} for q, a in held]))
-    return paths
-
-
-def task_tokenizer(setup: Setup) -> Any:
-    """A byte-level BPE trained on the task's own chat-formatted text, every digit its own
-    token. The repo's 512-token tiny tokenizer splits numbers into shifting 1-2 digit chunks
-    (121 → 12|1, 347 → 3|47), so a digit's place is a different token at a different position
-    from sum to sum; the SFT base then plateaued below 2% (docs/replication.md, builds 1-3)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from trainer.modeling.sources import _CHATML
-
-    rng = random.Random(280)
-    da, db = setup.digits
-    corpus = [
-        f"<|im_start|>user\n{rng.randint(10 ** (da - 1), 10**da - 1)}+"
-        f"{rng.randint(10 ** (db - 1), 10**db - 1)}=<|im_end|>\n<|im_start|>assistant\n"
-        f"{rng.randint(1, 10 ** (da + 1))}<|im_end|>\n"
-        for _ in range(500)
-    ]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    ))  # fmt: skip
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>"
-    )
-    fast.chat_template = _CHATML
-    return fast
-
-
-def make_model(setup: Setup, out: Path) -> Path:
-    from trainer.modeling.sources import save_random_llama
-
-    tok = task_tokenizer(setup)
-    shape = {"vocab_size": len(tok), "hidden_size": setup.hidden,
-             "intermediate_size": 4 * setup.hidden, "num_hidden_layers": setup.layers,
-             "num_attention_heads": setup.heads, "num_key_value_heads": setup.heads,
-             "tie_word_embeddings": True}  # fmt: skip
-    save_random_llama(out, shape, tok, seed=28, max_position_embeddings=64)
-    return out
 
 
 # ---- specs ----------------------------------------------------------------------------------
@@ -159,6 +87,10 @@ def arms(setup: Setup) -> dict[str, tuple[int, int | None]]:
         out[f"stale-{s}+humanline"] = (s, MATH_PRESET_K)
     for k in setup.k_sweep:
         out[f"stale-{max(setup.stales)}+humanline-k{k}"] = (max(setup.stales), k)
+    if setup.arm_names is not None:
+        if unknown := set(setup.arm_names) - set(out):
+            raise SystemExit(f"--arms: unknown {sorted(unknown)}; known {sorted(out)}")
+        out = {a: v for a, v in out.items() if a in setup.arm_names}
     return out
 
 
@@ -229,17 +161,19 @@ def build(
     return Path(base), ids, acc
 
 
-def _evaluation(client: Any, job_id: str, step: int | None, request: dict) -> Any:
+def _evaluation(client: Any, job_id: str, step: int | None, request: dict, wait=3600.0) -> Any:
     """The job's evaluation of `step` (None: the final model) on the held-out file: an
     existing one (a rerun or `report` reuses it), else a new one; waited for."""
     for ev in client.evaluations.list(job_id=job_id, limit=100):
         if ev.step == step and ev.file_id == request["file_id"] and ev.status != "failed":
-            return client.evaluations.wait(ev.id, timeout=3600)
+            return client.evaluations.wait(ev.id, timeout=wait)
     ev = client.evaluations.create(job_id=job_id, step=step, **request)
-    return client.evaluations.wait(ev.id, timeout=3600)
+    return client.evaluations.wait(ev.id, timeout=wait)
 
 
-def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> dict[str, Any]:
+def follow(
+    client: Any, job_id: str, seed: int, setup: Setup, request: dict, timeout: float = 7200
+) -> dict[str, Any]:
     """One job's figures, all read back from the service: held-out accuracy at each
     checkpoint and at the end, completions sampled by each of those steps (Σ round/prompts ×
     group, as the comparison report counts them), wall-clock, clamp fraction and KL."""
@@ -247,13 +181,14 @@ def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> 
 
     from reports.groups import sampled_at, sampled_by_step
 
-    job = client.jobs.wait(job_id, timeout=7200)
+    timeout = max(timeout, 1.0)
+    job = client.jobs.wait(job_id, timeout=timeout)
     if job.status != "succeeded":
         raise RuntimeError(f"job {job_id} {job.status}: {job.error}")
     metrics = [m.values | {"step": m.step} for m in client.jobs.metrics(job_id)]
     steps = [c.step for c in client.jobs.checkpoints(job_id) if c.step < setup.steps]
-    curve = {s: pass_at_1(_evaluation(client, job_id, s, request)) for s in steps}
-    curve[setup.steps] = pass_at_1(_evaluation(client, job_id, None, request))
+    curve = {s: pass_at_1(_evaluation(client, job_id, s, request, timeout)) for s in steps}
+    curve[setup.steps] = pass_at_1(_evaluation(client, job_id, None, request, timeout))
     rounds = sampled_by_step({"spec": job.spec, "metrics": metrics})
     sampled = {s: sampled_at(rounds, s) for s in curve}
     sample_s = sum(m.get("round/sample_time", 0.0) for m in metrics)
@@ -266,6 +201,7 @@ def follow(client: Any, job_id: str, seed: int, setup: Setup, request: dict) -> 
         "clamp_frac_mean": tf.mean([m.get("clamp_frac", 0.0) for m in metrics]),
         "kl_max": max((m.get("kl", 0.0) for m in metrics), default=0.0),
         "kl_mean": tf.mean([m.get("kl", 0.0) for m in metrics]),
+        **tf.mechanism(metrics, job.spec),
     }  # fmt: skip
 
 
@@ -280,11 +216,12 @@ def submit(setup: Setup, client: Any, base: Path, ids: dict[str, str], only: str
 
 
 def collect(
-    setup: Setup, root: Path, client: Any, only: str | None = None
-) -> tuple[dict[str, list[dict]], float]:
-    """The study's jobs (metadata testbed=1, one per arm × seed) followed to their figures;
-    the service's comparison report, grouped by arm, written to root/compare.html; the base's
-    held-out accuracy (its evaluation, reused)."""
+    setup: Setup, root: Path, client: Any, only: str | None = None, deadline: float | None = None
+) -> tuple[dict[str, list[dict]], float, list[int]]:
+    """The study's jobs (metadata testbed=1, one per arm × seed) followed to their figures,
+    seed by seed; with a `deadline` (epoch seconds) a seed whose arms are not all complete by
+    then is dropped whole (returned last); the service's comparison report, grouped by arm, in
+    root/compare.html; the base's held-out accuracy (its evaluation, reused)."""
     from replicate import pass_at_1
 
     heldout = next(f for f in client.files.list(purpose="eval", limit=100)
@@ -293,12 +230,19 @@ def collect(
     found: dict[tuple[str, int], str] = {}
     for job in client.jobs.list(metadata={"testbed": "1"}, limit=100):
         found.setdefault((job.metadata["arm"], job.spec["seed"]), job.id)
-    results: dict[str, list[dict]] = {}
-    for arm in (a for a in arms(setup) if only in (None, a)):
-        results[arm] = []
-        for seed in setup.seeds:
-            results[arm].append(follow(client, found[arm, seed], seed, setup, request))
-            print(f"{arm} seed {seed}: {json.dumps(results[arm][-1])}", flush=True)
+    results: dict[str, list[dict]] = {a: [] for a in arms(setup) if only in (None, a)}
+    dropped: list[int] = []
+    for seed in setup.seeds:
+        left = 7200.0 if deadline is None else deadline - time.time()
+        try:  # a seed counts only with every arm complete (paired analysis)
+            runs = {a: follow(client, found[a, seed], seed, setup, request, left) for a in results}
+        except TimeoutError:
+            dropped.append(seed)
+            print(f"seed {seed}: not complete by the deadline, left out", flush=True)
+            continue
+        for arm, one in runs.items():
+            results[arm].append(one)
+            print(f"{arm} seed {seed}: {json.dumps(one)}", flush=True)
     client.reports.compare(
         jobs=[r["job"] for runs in results.values() for r in runs], format="html",
         metric="pass_at_1", file_id=heldout.id, group_by="arm", to=root / "compare.html",
@@ -306,14 +250,20 @@ def collect(
     base = next(e for e in client.evaluations.list(limit=100)
                 if e.job_id is None and Path(e.base_model or "").name == "base"
                 and e.file_id == heldout.id and e.status == "succeeded")  # fmt: skip
-    return results, pass_at_1(base)
+    return results, pass_at_1(base), dropped
 
 
 def run(
-    setup: Setup, root: Path, command: str, reuse: Path | None = None, only: str | None = None
+    setup: Setup,
+    root: Path,
+    command: str,
+    reuse: Path | None = None,
+    only: str | None = None,
+    unpinned: bool = False,
 ) -> dict[str, Any]:
     """`build`: task, model, base. `study`: build, submit, collect. `report`: collect again
-    from a study's root (its service's DB: finished jobs and evaluations are reused)."""
+    from a study's root (its service's DB: finished jobs and evaluations are reused). The base
+    must be the pinned one (testbed_env.BASE_SHA256) unless `unpinned`."""
     from api.embedded import EmbeddedService
 
     t0 = time.time()
@@ -329,20 +279,34 @@ def run(
         # 141 small evaluations: forked from a warm process, not a fresh interpreter each
         # (worker.warm: ~6 s of imports less each, the same results)
         "EVAL_WARM_START": "1",
+        **tenv.PIN_ENV,  # one base everywhere: the same kernels and threads on every CPU
     }
+    deadline = t0 + 60 * setup.deadline_min if setup.deadline_min else None
     with EmbeddedService(root, team="testbed", fresh=command != "report", env=env) as service:
         from humanline_client import Client
 
         client = Client(base_url=service.base_url, api_key=service.key, timeout=120)
         if command != "report":
             base, ids, base_acc = build(setup, root, client, reuse)
+            digest = tenv.check_base(base, unpinned=unpinned)
             if command == "build":
-                return {"base": str(base), "base_accuracy": base_acc, "build_s": time.time() - t0}
+                return {
+                    "base": str(base),
+                    "base_accuracy": base_acc,
+                    "base_sha256": digest,
+                    "build_s": time.time() - t0,
+                    "fingerprint": tenv.fingerprint(base, unpinned=unpinned),
+                }
             submit(setup, client, base, ids, only)
-        results, base_acc = collect(setup, root, client, only)
+        tenv.check_base(root / "base", unpinned=unpinned)
+        results, base_acc, dropped = collect(setup, root, client, only, deadline)
+    fingerprint = tenv.fingerprint(root / "base", unpinned=unpinned)
     if only is not None:  # a tuning run (online arm only): its curve, no comparison
-        return {"setup": asdict(setup), "base_accuracy": base_acc, "arms": results}
+        return {"setup": asdict(setup), "base_accuracy": base_acc, "arms": results,
+                "fingerprint": fingerprint}  # fmt: skip
     summary = tf.figures(asdict(setup), results, base_acc, MATH_PRESET_K)
+    summary["fingerprint"] = fingerprint
+    summary["seeds_left_out"] = dropped  # --deadline: seeds with an arm not complete in time
     summary["wall_clock_total_s"] = time.time() - t0
     summary["report"] = str(root / "compare.html")
     return summary
@@ -363,12 +327,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-steps", type=int, help="the base policy's SFT steps")
     ap.add_argument("--sft-lr", type=float)
     ap.add_argument("--png", type=Path, help="the figure (default: docs/testbed.png, full)")
+    ap.add_argument("--arms", nargs="+", help="a subset of the arms (e.g. online stale-32 …)")
+    ap.add_argument("--stales", type=int, nargs="+", help="the stale S values (default 8 32)")
+    ap.add_argument("--deadline", type=float, help="time box in minutes: analyse the seeds "
+                    "whose arms all completed by then")  # fmt: skip
+    ap.add_argument("--unpinned", action="store_true", help="accept a base whose sha256 is "
+                    "not testbed_env.BASE_SHA256 (recorded in the fingerprint)")  # fmt: skip
     args = ap.parse_args(argv)
     setup = quick_setup() if args.quick else Setup()
     for name in ("seeds", "steps", "lr", "prompts_per_step", "eval_points", "sft_steps", "sft_lr"):
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
-    summary = run(setup, args.out, args.command, args.base, args.only)
+    if args.stales is not None:
+        setup.stales, setup.k_sweep = tuple(args.stales), ()  # k sweep only with the default S
+    setup.arm_names = tuple(args.arms) if args.arms else None
+    setup.deadline_min = args.deadline
+    unpinned = args.unpinned or args.quick  # --quick's base is a 2-step toy, never pinned
+    summary = run(setup, args.out, args.command, args.base, args.only, unpinned)
     if args.command != "build" and args.only is None:
         png = args.png or (args.out / "testbed.png" if args.quick else REPO / "docs/testbed.png")
         tf.plot(summary, png)

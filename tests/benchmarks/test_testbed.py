@@ -4,6 +4,7 @@ its bootstrap CI) by hand, and `--quick` end to end through the service."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import testbed  # noqa: E402
+import testbed_env as tenv  # noqa: E402
 import testbed_figures as tf  # noqa: E402
 
 from contract.spec import JobSpec  # noqa: E402
@@ -69,33 +71,180 @@ def test_arms_differ_only_in_sampling_frequency_and_humanline():
     assert [s["online"]["sample_every"] for s in specs.values()][:3] == [1, 8, 8]
 
 
-def _run(acc: float) -> dict:
+def _run(acc: float, seed: int = 0) -> dict:
     keys = ("samples_drawn", "rounds", "sampling_s", "training_s", "wall_clock_s",
             "clamp_frac_max", "clamp_frac_mean", "kl_max", "kl_mean")  # fmt: skip
-    return {"accuracy": acc, "curve": {4: acc}, "samples_curve": {4: 8.0},
+    return {"seed": seed, "accuracy": acc, "curve": {4: acc}, "samples_curve": {4: 8.0},
             **dict.fromkeys(keys, 1.0)}  # fmt: skip
 
 
-def test_figures_validity_and_share_closed_by_hand():
+def _arms(on, st, hl, s=8):
+    named = (("online", on), (f"stale-{s}", st), (f"stale-{s}+humanline", hl))
+    return {name: [_run(v, seed) for seed, v in enumerate(vals)] for name, vals in named}
+
+
+# Worked by hand (three seeds): C_i = hl − (on + st)/2 = 0.05, 0.07, 0.03: mean 0.05, sd 0.02,
+# SE 0.02/√3 = 0.0115470; t(0.975, 2) = 4.302653, half-width 0.0496828 → [0.000317, 0.099683],
+# above 0 (barely). hl − st = 0.20, 0.22, 0.18 over a constant gap on − st = 0.30: Fieller
+# reduces to (0.20 ± 0.0496828)/0.30 = [0.501058, 0.832276].
+ON, ST, HL = [0.50, 0.52, 0.48], [0.20, 0.22, 0.18], [0.40, 0.44, 0.36]
+
+
+def test_t_quantiles_match_the_tables():
+    table = {1: 12.706205, 2: 4.302653, 4: 2.776445, 9: 2.262157, 15: 2.131450, 30: 2.042272}
+    for df, q in table.items():
+        assert tf.t_quantile(0.975, df) == pytest.approx(q, abs=1e-6)
+    assert tf.t_quantile(0.025, 4) == pytest.approx(-2.776445, abs=1e-6)
+    assert tf.t_quantile(0.95, 15) == pytest.approx(1.753050, abs=1e-6)
+    assert tf.t_cdf(0.0, 3) == 0.5
+
+
+def test_paired_contrast_fieller_and_differences_by_hand():
+    out = tf.paired_analysis(_arms(ON, ST, HL), 8)
+    c = out["contrast"]
+    assert out["n_pairs"] == 3 and c["df"] == 2
+    assert c["mean"] == pytest.approx(0.05) and c["se"] == pytest.approx(0.011547, abs=1e-6)
+    assert c["ci95"] == pytest.approx((0.000317, 0.099683), abs=1e-6)
+    assert c["verdict"] == "closes at least half"
+    share = out["share_closed"]
+    assert share["method"] == "fieller" and share["value"] == pytest.approx(2 / 3)
+    assert share["ci95"] == pytest.approx((0.501058, 0.832276), abs=1e-6)
+    assert out["hl_minus_stale"]["ci95"] == pytest.approx((0.150317, 0.249683), abs=1e-6)
+    assert out["online_minus_hl"]["mean"] == pytest.approx(0.10)
+    assert out["online_minus_hl"]["ci95"] == pytest.approx((0.050317, 0.149683), abs=1e-6)
+    # the verdict rule: an interval below 0, and one that straddles it
+    assert tf.contrast_verdict((-0.2, -0.01)) == "closes less than half"
+    assert tf.contrast_verdict((-0.01, 0.2)) == "inconclusive"
+
+
+def test_fieller_endpoints_solve_its_equation_and_unbounded_is_none():
+    num, den = [0.02, 0.05, 0.01, 0.04, 0.03], [0.07, 0.09, 0.05, 0.08, 0.06]
+    lo, hi = tf.fieller(num, den)
+    a, b, n = tf.mean(num), tf.mean(den), len(num)
+    v11, v22 = tf.statistics.variance(num) / n, tf.statistics.variance(den) / n
+    v12 = tf.statistics.covariance(num, den) / n
+    t2 = tf.t_quantile(0.975, n - 1) ** 2
+    for rho in (lo, hi):  # (ā − ρ b̄)² = t² (v11 − 2ρ v12 + ρ² v22)
+        assert (a - rho * b) ** 2 == pytest.approx(t2 * (v11 - 2 * rho * v12 + rho**2 * v22))
+    assert lo < a / b < hi
+    assert tf.fieller([0.1, 0.2, 0.0], [0.1, -0.1, 0.05]) is None  # gap not ≠ 0: unbounded
+
+
+def test_pairs_by_seed_not_by_position_and_drops_incomplete_seeds():
+    results = _arms(ON, ST, HL)
+    results["online"] = results["online"][::-1]  # order differs, seeds pair them
+    results["stale-8+humanline"].append(_run(0.9, seed=7))  # no partner in the other arms
+    assert tf.paired(results, "online", "stale-8", "stale-8+humanline") == [
+        [0.50, 0.20, 0.40], [0.52, 0.22, 0.44], [0.48, 0.18, 0.36]]  # fmt: skip
+
+
+def test_figures_validity_contrast_and_table_by_hand():
     setup = {"stales": [8]}
-    on, st, hl = [0.50, 0.52, 0.48], [0.20, 0.22, 0.18], [0.40, 0.42, 0.38]
-    results = {"online": [_run(v) for v in on], "stale-8": [_run(v) for v in st],
-               "stale-8+humanline": [_run(v) for v in hl]}  # fmt: skip
-    out = tf.figures(setup, results, 0.1, 12)["by_stale"][8]
+    results = _arms(ON, ST, HL)
+    summary = tf.figures(setup, results, 0.1, 12)
+    out = summary["by_stale"][8]
     assert out["gap_online_minus_stale"]["value"] == pytest.approx(0.30)
     assert out["gap_online_minus_stale"]["met"]  # 0.30 ≫ 3 × √(2) × 0.0115
-    assert out["share_closed"]["value"] == pytest.approx(2 / 3)
-    lo, hi = out["share_closed"]["ci95"]
-    assert 0.5 < lo <= 2 / 3 <= hi
-    assert out["verdict"] == "humanline closes the gap"
-    summary = tf.figures(setup, results, 0.1, 12)
+    assert out["contrast"]["met"] and out["verdict"] == "humanline closes at least half"
     table = tf.markdown(summary)
-    assert "| 8 | +30.0 ± 1.6 pts | yes | 0.67 |" in table and "humanline closes the gap" in table
+    assert (
+        "| 8 | +30.0 ± 1.6 pts | yes | +5.0 pts [+0.0, +10.0] | 0.67 | [0.50, 0.83] (fieller)"
+        in table
+    )
     assert "| online | 50.0 ± 1.2% | 50.0 ± 1.2% |" in table
-    results["stale-8"] = [_run(v) for v in (0.49, 0.60, 0.30)]  # gap ~0.04, SE ~0.08: invalid
+    results["stale-8"] = [_run(v, i) for i, v in enumerate((0.49, 0.60, 0.30))]  # gap ~0.04
     out = tf.figures(setup, results, 0.1, 12)["by_stale"][8]
-    assert not out["gap_online_minus_stale"]["met"] and not out["share_closed"]["met"]
+    assert not out["gap_online_minus_stale"]["met"] and not out["contrast"]["met"]
     assert out["verdict"].startswith("testbed invalid")
+
+
+def test_mechanism_metrics_by_hand():
+    spec = {"optim": {"max_grad_norm": 1.0}, "objective": {"name": "grpo", "beta_kl": 0.01}}
+    metrics = [{"grad_norm": 2.0, "kl": 1.0, "loss": 0.03, "clamp_frac": 0.1},
+               {"grad_norm": 0.5, "kl": 0.0, "loss": -0.02, "clamp_frac": 0.0}]  # fmt: skip
+    # step 1: |0.01·1| / (0.01 + |0.03 − 0.01|) = 1/3; step 2: 0; clipped 1 of 2 steps
+    assert tf.mechanism(metrics, spec) == pytest.approx(
+        {"grad_clipped_share": 0.5, "kl_loss_share": 1 / 6, "clamp_frac": 0.05}
+    )
+    assert tf.mechanism([{"loss": 1.0}], {}) == {
+        "grad_clipped_share": None, "kl_loss_share": None, "clamp_frac": None}  # fmt: skip
+
+
+def test_base_pin_refuses_other_weights_unless_unpinned(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"not the base")
+    digest = hashlib.sha256(b"not the base").hexdigest()
+    assert tenv.check_base(tmp_path, pinned=digest) == digest
+    with pytest.raises(tenv.BaseMismatch, match="--unpinned"):
+        tenv.check_base(tmp_path)  # against the pinned BASE_SHA256
+    assert tenv.check_base(tmp_path, unpinned=True) == digest
+    fp = tenv.fingerprint(tmp_path, unpinned=True)
+    assert fp["base_sha256"] == digest and not fp["base_pinned"] and fp["unpinned_allowed"]
+    import torch
+
+    assert fp["torch"] == torch.__version__ and fp["threads"] == torch.get_num_threads()
+    assert fp["aten_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert fp["cpu_model"] and fp["cpu_isa"] and fp["code_version"]
+    assert set(fp["pinned_env"]) == set(tenv.PIN_ENV)
+
+
+def test_arms_flag_selects_and_rejects_unknown():
+    setup = testbed.Setup(arm_names=("online", "stale-32", "stale-32+humanline"), k_sweep=())
+    assert testbed.arms(setup) == {"online": (1, None), "stale-32": (32, None),
+                                   "stale-32+humanline": (32, 12)}  # fmt: skip
+    with pytest.raises(SystemExit, match="stale-7"):
+        testbed.arms(testbed.Setup(arm_names=("stale-7",)))
+
+
+class _Fake:
+    """Just enough of the SDK for collect(): one eval file, the study's jobs, a base eval."""
+
+    def __init__(self, seeds, arms):
+        ns = type("NS", (), {})
+        self.files, self.jobs, self.evaluations, self.reports = ns(), ns(), ns(), ns()
+        heldout = type("F", (), {"filename": "addition_heldout.jsonl", "id": "file-h"})
+        self.files.list = lambda **_: [heldout]
+        self.jobs.list = lambda **_: [
+            type("J", (), {"id": f"{a}/{s}", "metadata": {"arm": a}, "spec": {"seed": s}})
+            for s in seeds for a in arms
+        ]  # fmt: skip
+        result = {"metrics": {"pass_at_1": 0.2}}
+        base = type("E", (), {"job_id": None, "base_model": "/x/base", "file_id": "file-h",
+                              "status": "succeeded", "result": result})  # fmt: skip
+        self.evaluations.list = lambda **_: [base]
+        self.reports.compare = lambda **kw: self.__dict__.setdefault("compared", kw["jobs"])
+
+
+def test_deadline_keeps_only_seeds_with_every_arm_complete(tmp_path, monkeypatch):
+    setup = testbed.Setup(stales=(32,), k_sweep=(), seeds=[10, 11, 12])
+    client = _Fake(setup.seeds, testbed.arms(setup))
+
+    def follow(client, job_id, seed, setup, request, timeout):
+        if job_id == "stale-32+humanline/11":  # one arm of seed 11 misses the time box
+            raise TimeoutError(job_id)
+        return {"seed": seed, "job": job_id, "accuracy": 0.5}
+
+    monkeypatch.setattr(testbed, "follow", follow)
+    results, base, dropped = testbed.collect(setup, tmp_path, client, deadline=1e12)
+    assert dropped == [11] and base == 0.2
+    assert {a: [r["seed"] for r in runs] for a, runs in results.items()} == {
+        "online": [10, 12], "stale-32": [10, 12], "stale-32+humanline": [10, 12]}  # fmt: skip
+    assert "online/11" not in client.compared  # the report holds complete seeds only
+
+
+@pytest.mark.slow
+def test_pinned_build_reproduces_the_base_hash(tmp_path):
+    """The pin: `testbed.py build` (PIN_ENV: AVX2 kernels, one thread) rebuilds the base to
+    BASE_SHA256 and refuses nothing; about 2 minutes on 2 cores."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'client'}"}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/testbed.py"), "build", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["base_sha256"] == tenv.BASE_SHA256
+    assert summary["fingerprint"]["aten_capability"] == "AVX2"
+    assert summary["fingerprint"]["threads"] == 1
 
 
 @pytest.mark.slow
