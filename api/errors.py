@@ -1,6 +1,6 @@
-"""One error shape for every response: {"error": {"message", "type", "param", "code",
-"field"?, "errors"?, "request_id"}} (OpenAI's fields and ours), whether it came from a route,
-FastAPI's validation or an unexpected bug."""
+"""The API's errors: `api_error` (what routes and deps raise) and the handlers that answer
+every error, whether it came from a route, FastAPI's validation or an unexpected bug, with one
+body (api.error_bodies)."""
 
 from __future__ import annotations
 
@@ -14,26 +14,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.error_bodies import ERROR_TYPES, error_body
 from api.observability import current_request_id
 from models.db import UnstorableValue
 from storage import StorageUnavailableError
 
 log = logging.getLogger("humanline.api")
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "conflict_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "internal_error",
-    503: "service_unavailable",
-}
 
 
 def api_error(
@@ -67,34 +53,6 @@ class RequestTooLarge(HTTPException):
         )
 
 
-def _encodable(value: Any) -> Any:
-    """`value` with every string's lone surrogates escaped (a request's own "\\ud800", echoed
-    in a message or a field name): UTF-8 cannot encode them, and a response that fails to
-    encode turns the error it reports into a 500."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, dict):
-        return {_encodable(k): _encodable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_encodable(v) for v in value]
-    return value
-
-
-def error_body(status_code: int, detail: Any) -> dict[str, Any]:
-    """The error object of a response: every error response is built from it."""
-    detail = _encodable(detail)
-    if isinstance(detail, dict) and "message" in detail:
-        error = dict(detail)
-        error.setdefault("type", ERROR_TYPES.get(status_code, "invalid_request_error"))
-    else:
-        error = {"message": str(detail), "type": ERROR_TYPES.get(status_code, "api_error")}
-    # OpenAI's error fields too, so its SDK reads our errors as its own
-    error.setdefault("param", error.get("field"))
-    error.setdefault("code", None)
-    error["request_id"] = current_request_id()
-    return {"error": error}
-
-
 def _field(loc: tuple | list) -> str | None:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
@@ -118,13 +76,17 @@ def validation_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
+def error_response(
+    status_code: int, detail: Any, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The JSON response of an error, with the current request's id."""
+    body = error_body(status_code, detail, current_request_id())
+    return JSONResponse(body, status_code=status_code, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.status_code, exc.detail),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+        return error_response(exc.status_code, exc.detail, getattr(exc, "headers", None))
 
     async def request_validation_error(request: Request, exc: RequestValidationError):
         errors = validation_errors(list(exc.errors()))
@@ -137,7 +99,7 @@ def install_error_handlers(app: FastAPI) -> None:
         }
         if first["field"]:
             detail["field"] = first["field"]
-        return JSONResponse(error_body(422, detail), status_code=422)
+        return error_response(422, detail)
 
     async def storage_unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.error("object store unavailable: %s", exc)
@@ -145,7 +107,7 @@ def install_error_handlers(app: FastAPI) -> None:
             "message": "the object store is unavailable; retry later",
             "type": ERROR_TYPES[503],
         }
-        return JSONResponse(error_body(503, detail), status_code=503, headers={"Retry-After": "5"})
+        return error_response(503, detail, {"Retry-After": "5"})
 
     async def invalid_data(request: Request, exc: Exception) -> JSONResponse:
         # the database refused a value the request carried (PostgreSQL: a NUL character in
@@ -157,7 +119,7 @@ def install_error_handlers(app: FastAPI) -> None:
             "(for instance a NUL character, or a lone UTF-16 surrogate)",
             "type": "invalid_request_error",
         }
-        return JSONResponse(error_body(422, detail), status_code=422)
+        return error_response(422, detail)
 
     app.add_exception_handler(DataError, invalid_data)
     app.add_exception_handler(UnstorableValue, invalid_data)

@@ -17,9 +17,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from fastapi import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.error_bodies import error_body
 
 _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "humanline_request_id", default=None
@@ -163,10 +166,9 @@ class RequestMiddleware:
 
         try:
             if sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
-                from api.errors import api_error  # local: errors imports this module
-
                 # httptools (uvicorn's default parser) has no header limit of its own
-                raise api_error(431, "request headers too large", type="invalid_request_error")
+                detail = {"message": "request headers too large", "type": "invalid_request_error"}
+                raise HTTPException(431, detail=detail)
             declared = headers.get("content-length")
             if declared is not None and declared.isdigit() and int(declared) > limit:
                 raise self.too_large(limit)
@@ -179,13 +181,11 @@ class RequestMiddleware:
             if status >= 500:
                 log.exception("unhandled error", extra={"path": scope.get("path")})
             if not started:
-                from api.errors import error_body  # local: errors imports this module
-
                 detail = getattr(exc, "detail", None) or {
                     "message": "internal server error",
                     "type": "internal_error",
                 }
-                body = json.dumps(error_body(status, detail)).encode()
+                body = json.dumps(error_body(status, detail, request_id)).encode()
                 await send_wrapper(
                     {
                         "type": "http.response.start",

@@ -1,4 +1,4 @@
-"""The error renderer (api.errors.error_body): whatever a message or field carries, the
+"""The error renderer (api.error_bodies.error_body): whatever a message or field carries, the
 error goes out as the 4xx it is, never a 500 from encoding it."""
 
 from __future__ import annotations
