@@ -37,7 +37,16 @@ import tempfile
 from pathlib import Path
 
 from procfs import reset_peak, status_kb
-from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
+from stepbench import (
+    interleaved,
+    model_and_steps,
+    parser,
+    pin_threads,
+    run_child,
+    text_of,
+    threads,
+    user_turn,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -149,6 +158,7 @@ def main() -> None:
         "--tokens", type=int, default=64, help="prompt and completion tokens each (default 64)"
     )
     args = ap.parse_args()
+    pin_threads(args.threads)  # the A/B ratios: both sides (and the children) on equal threads
     if args.child:
         model, data, steps, path = args.child
         print(json.dumps(child(model, Path(data), int(steps), path)))

@@ -25,6 +25,9 @@ parts' ~1 GB would flatter the ratio).
     python benchmarks/memory_scale.py --quick    # the same roles scaled down (under a minute)
     python benchmarks/memory_scale.py --self-check   # tiny shapes, seconds: the logic only
 
+Every process runs on --threads CPU threads (default OMP_NUM_THREADS, else 1: stepbench.
+pin_threads), so the A/B step times share their threads whatever else the machine runs.
+
 --quick keeps each role's defining proportion and scales the rest down: "vocab" a 32,768-word
 vocabulary on a 64-wide, 4-layer model (4·V still ~4x the layers' saves a token), "smollm2" 30
 layers 192 wide with a 16,384-word vocabulary (the head ~19 % of the weights, SmolLM2's 21 %;
@@ -53,6 +56,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from stepbench import THREADS_HELP, pin_threads  # noqa: E402
 
 from contract.memory import BUILTIN_SHAPES, ModelShape  # noqa: E402
 
@@ -300,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated configuration names")
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (models are reused)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     args = ap.parse_args(argv)
+    # the step-time ratio needs both sides on the same threads: pinned here and inherited by
+    # every configuration's process (a child re-reads OMP_NUM_THREADS and pins it too)
+    threads = pin_threads(args.threads)
     if args.child:
         print(json.dumps(measure(json.loads(args.child))))
         return 0
@@ -344,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": plen,
         "completion_tokens": clen,
         "chunked_logps_in_tree": has_chunked(),
+        "threads": threads,
         "estimate": next((r["estimate"] for r in results.values()), None),
         "seconds": round(time.perf_counter() - t0, 1),
         "figures": figs,

@@ -10,6 +10,11 @@ interleaved(a, b, steps)             two trainers stepped in turn, who goes firs
 run_child(script, *args)             one configuration in a process of its own (its peak
                                      memory is its own): the JSON of its last line
 threads()                            the CPU threads a run was given
+pin_threads(n)                       pin this process's and its children's CPU threads (torch's
+                                     intra-op pool and OpenMP/MKL), default 1: a ratio of two
+                                     step times is only a ratio when both ran on the same
+                                     threads (memory_scale.py's read 3.04 with 2 OpenMP threads
+                                     beside another job, 0.97 with 1; issue 38)
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     return ap
 
 
@@ -77,3 +83,22 @@ def run_child(script: str, *args: str) -> dict:
 
 def threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1))
+
+
+THREADS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+DEFAULT_THREADS = 1
+THREADS_HELP = "CPU threads of every measured process (default: OMP_NUM_THREADS, else 1)"
+
+
+def pin_threads(n: int | None = None) -> int:
+    """Pin the CPU threads of this process (torch.set_num_threads) and of the processes it
+    starts (OMP_NUM_THREADS, MKL_NUM_THREADS, which they inherit) to `n`: by default the
+    OMP_NUM_THREADS already set, else 1 (a neighbour's job then slows both sides of an A/B
+    alike). Returns the number pinned."""
+    import torch
+
+    n = n or int(os.environ.get("OMP_NUM_THREADS") or DEFAULT_THREADS)
+    for var in THREADS_ENV:
+        os.environ[var] = str(n)
+    torch.set_num_threads(n)
+    return n

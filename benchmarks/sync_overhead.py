@@ -29,7 +29,16 @@ import time
 from pathlib import Path
 
 from procfs import status_kb
-from stepbench import interleaved, model_and_steps, parser, run_child, text_of, threads, user_turn
+from stepbench import (
+    interleaved,
+    model_and_steps,
+    parser,
+    pin_threads,
+    run_child,
+    text_of,
+    threads,
+    user_turn,
+)
 from trl_baseline import trl_dpo_trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,6 +219,7 @@ def main() -> None:
         help="both sides: fp32, or bf16 autocast over fp32 weights (TRL's default)",
     )
     args = ap.parse_args()
+    pin_threads(args.threads)  # the A/B ratios: both sides (and the children) on equal threads
     PRECISION = os.environ["SYNC_BENCH_PRECISION"] = args.precision
     if args.child:
         kind, model, data, *rest = args.child
