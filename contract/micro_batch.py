@@ -17,6 +17,13 @@ from contract.spec import JobSpec
 # step that still runs out halves its micro-batch (issue 25, item 1), so a larger margin would
 # only buy fewer refusals of what fits at the price of more accumulation steps for every job.
 SAFETY_MARGIN = 0.10
+# "auto" leaves activation checkpointing off once the largest micro-batch that fits without it
+# holds this many tokens per device (rows with a graph × max_length): its GEMMs are saturated
+# there, so checkpointing's larger micro-batch buys only its recompute (+33 % compute for full
+# fine-tuning, +50 % for LoRA's 4N). Set from issue 38's 80 GB shapes, not measured on a GPU
+# here: 8B LoRA at 8 × (512+512) fits 4 pairs without checkpointing (8,192 tokens, 61 GiB) and
+# the 1.24 B model at 4 × (512+2048) fits 2 (10,240 tokens, 48 GiB); both now run unchecked.
+AUTO_UNCHECKPOINTED_TOKENS = 6144
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,8 @@ def choose_micro_batch(
     """The largest micro-batch (fewest accumulation steps) of this process's share of the
     spec's global batch whose estimate fits `available_bytes` less SAFETY_MARGIN. A set
     `spec.grad_accum` is used as given; `activation_checkpointing` "auto" turns it on only when
-    that lets a strictly larger micro-batch fit. Pure and fast (a few dozen estimates).
+    that lets a strictly larger micro-batch fit and the micro-batch without it holds fewer than
+    AUTO_UNCHECKPOINTED_TOKENS tokens. Pure and fast (a few dozen estimates).
     ValueError when the batch does not split evenly over `world` processes (or grad_accum)."""
     examples = spec.examples_per_batch
     if examples % world:
@@ -105,8 +113,13 @@ def choose_micro_batch(
             False,
             f"above {gib}: nothing smaller",
         )
-    # "auto": checkpointing only when it lets a strictly larger micro-batch fit
-    ckpt = False not in best or (True in best and best[True][0] > best[False][0])
+    # "auto": checkpointing only when it lets a strictly larger micro-batch fit and the one
+    # without it is too small to keep the device busy (AUTO_UNCHECKPOINTED_TOKENS)
+    ckpt = False not in best or (
+        True in best
+        and best[True][0] > best[False][0]
+        and best[False][0] * per_example * spec.max_length < AUTO_UNCHECKPOINTED_TOKENS
+    )
     micro, est = best[ckpt]
     given = "grad_accum as set" if spec.grad_accum is not None else "the largest that fits"
     return choice(micro, ckpt, est, True, f"within {gib} ({given})")

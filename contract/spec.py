@@ -248,7 +248,8 @@ class JobSpec(_Strict):
     activation_checkpointing: ActivationCheckpointing = Field(
         "auto",
         description="Recompute each decoder layer's activations in backward: 'on', 'off', or "
-        "'auto' (on when it lets a larger micro-batch fit).",
+        "'auto' (on when it lets a larger micro-batch fit and the one without it holds "
+        "fewer than contract.micro_batch.AUTO_UNCHECKPOINTED_TOKENS tokens).",
     )
     compile: CompileMode = Field(
         "auto",

@@ -302,12 +302,21 @@ def test_choose_picks_the_largest_micro_batch_that_fits():
 
 
 def test_choose_is_monotone_in_the_memory_available():
-    job = lora8()
-    micro = [
-        choose_micro_batch(job, L8, gib * GiB, device="cuda").micro_examples
-        for gib in range(16, 200, 4)
-    ]
-    assert micro == sorted(micro) and micro[0] < micro[-1] == 32
+    """Within one checkpointing mode more memory never shrinks the micro-batch; "auto" picks
+    one of the two modes' choices (it may trade a checkpointed larger micro-batch for an
+    unchecked smaller one once that is large enough: AUTO_UNCHECKPOINTED_TOKENS)."""
+    gibs = range(16, 200, 4)
+    micro = {}
+    for mode in ("on", "off", "auto"):
+        job = lora8(activation_checkpointing=mode)
+        micro[mode] = [
+            choose_micro_batch(job, L8, gib * GiB, device="cuda").micro_examples for gib in gibs
+        ]
+    for mode in ("on", "off"):
+        assert micro[mode] == sorted(micro[mode]) and micro[mode][0] < micro[mode][-1]
+    assert micro["on"][-1] == 32
+    choices = zip(micro["auto"], micro["on"], micro["off"], strict=True)
+    assert all(auto in (on, off) for auto, on, off in choices)
 
 
 def test_choose_respects_a_set_grad_accum():
@@ -328,11 +337,15 @@ def test_auto_checkpointing_only_when_it_enlarges_the_micro_batch():
     c = choose_micro_batch(job, L8, int(off32 / 0.9) + 1, device="cuda")
     assert (c.micro_examples, c.activation_checkpointing) == (32, False)
     assert "checkpointing off" in c.reason
-    # with 80 GB, checkpointing fits all 32 pairs at once; off fits far fewer: on
+    # with 44 GiB, checkpointing fits 16 pairs at once; off fits 2 (2 × 2 rows × 1024 = 4,096
+    # tokens, too few to fill a GPU: AUTO_UNCHECKPOINTED_TOKENS): on
+    c = choose_micro_batch(job, L8, 44 * GiB, device="cuda")
+    assert (c.micro_examples, c.grad_accum, c.activation_checkpointing) == (16, 2, True)
+    off = choose_micro_batch(lora8(activation_checkpointing="off"), L8, 44 * GiB, device="cuda")
+    assert off.micro_examples == 2 and not off.activation_checkpointing  # "off" is kept
+    # with 80 GB, off fits 4 pairs (8,192 tokens): enough, so no recompute for a larger one
     c = choose_micro_batch(job, L8, 80 * GiB, device="cuda")
-    assert (c.micro_examples, c.grad_accum, c.activation_checkpointing) == (32, 1, True)
-    off = choose_micro_batch(lora8(activation_checkpointing="off"), L8, 80 * GiB, device="cuda")
-    assert off.micro_examples < 32 and not off.activation_checkpointing  # "off" is kept
+    assert (c.micro_examples, c.grad_accum, c.activation_checkpointing) == (4, 8, False)
     assert choose_micro_batch(
         lora8(activation_checkpointing="on"), L8, 500 * GiB
     ).activation_checkpointing
