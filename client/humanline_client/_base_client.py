@@ -1,6 +1,10 @@
 """HTTP plumbing shared by `Client` and `AsyncClient`: configuration, request building,
 error mapping, JSON parsing, and the steps of a request with retries (see _retries) and of a
 download, performed by SyncAPIClient or AsyncAPIClient (see _steps).
+
+The SDK's order, each module importing only those before it: _steps (the step machine) →
+_base_client (this) → _resource (the resource base) → _methods → resources/* → _client
+(`Client`: this plus the resources) → the package.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from typing import (
     TypeVar,
     Union,
     cast,
-    get_type_hints,
 )
 
 import anyio
@@ -35,7 +38,6 @@ from ._exceptions import (
     HumanlineError,
     make_status_error,
 )
-from ._resource import APIResource
 from ._retries import (
     _RETRYABLE_TRANSPORT,
     DEFAULT_BASE_URL,
@@ -69,17 +71,9 @@ class BaseClient(Generic[H]):
 
     initial_retry_delay: float = INITIAL_RETRY_DELAY
     max_retry_delay: float = MAX_RETRY_DELAY
-    # (attribute, resource class) pairs: `client.files = Files(client)`, ...: a subclass's
-    # annotations whose type is an API resource (__init_subclass__)
+    # (attribute, resource class) pairs made with each client: `client.files = Files(client)`,
+    # ... (set by _client.with_resources from Client's annotations)
     _resources: ClassVar[tuple[tuple[str, Callable[[Any], Any]], ...]] = ()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._resources = tuple(
-            (name, hint)
-            for name, hint in get_type_hints(cls).items()
-            if isinstance(hint, type) and issubclass(hint, APIResource)
-        )
 
     def __init__(
         self,

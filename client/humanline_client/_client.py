@@ -3,7 +3,10 @@ attribute whose type is a resource is made when a client is: `client.files = Fil
 
 from __future__ import annotations
 
-from ._base_client import AsyncAPIClient, SyncAPIClient
+from typing import Any, TypeVar, get_type_hints
+
+from ._base_client import AsyncAPIClient, BaseClient, SyncAPIClient
+from ._resource import APIResource
 from .resources import (
     AsyncEvaluations,
     AsyncFiles,
@@ -19,7 +22,21 @@ from .resources import (
 
 __all__ = ["AsyncClient", "Client"]
 
+C = TypeVar("C", bound="type[BaseClient[Any]]")
 
+
+def with_resources(cls: C) -> C:
+    """Makes each annotation of `cls` whose type is an API resource with every client:
+    `files: Files` → `client.files = Files(client)`."""
+    cls._resources = tuple(
+        (name, hint)
+        for name, hint in get_type_hints(cls).items()
+        if isinstance(hint, type) and issubclass(hint, APIResource)
+    )
+    return cls
+
+
+@with_resources
 class Client(SyncAPIClient):
     """The Humanline API, synchronously.
 
@@ -48,6 +65,7 @@ class Client(SyncAPIClient):
     webhooks: Webhooks
 
 
+@with_resources
 class AsyncClient(AsyncAPIClient):
     """The Humanline API for asyncio: `async with AsyncClient() as client:`; the same
     resources and options as Client, with awaitable methods and `async for` listings."""

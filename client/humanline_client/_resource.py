@@ -9,18 +9,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar, Union
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
 from urllib.parse import quote
 
 from typing_extensions import ParamSpec
 
+from ._base_client import AsyncAPIClient, SyncAPIClient
 from ._retries import RequestOptions
 from ._steps import Steps
 from .pagination import AsyncCursorPage, AsyncPaginator, CursorPage, SyncPaginator
-
-if TYPE_CHECKING:
-    from ._client import AsyncClient, Client
-
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -142,7 +139,7 @@ def page_steps(client: Any, listing: Listing[Any], params: Params) -> Steps[dict
 
 
 class SyncAPIResource(APIResource):
-    _client: Client
+    _client: SyncAPIClient
 
     def _paginate(self, listing: Listing[T]) -> SyncPaginator[T]:
         def fetch(params: Params) -> CursorPage[T]:
@@ -153,7 +150,7 @@ class SyncAPIResource(APIResource):
 
 
 class AsyncAPIResource(APIResource):
-    _client: AsyncClient
+    _client: AsyncAPIClient
 
     def _paginate(self, listing: Listing[T]) -> AsyncPaginator[T]:
         async def fetch(params: Params) -> AsyncCursorPage[T]:

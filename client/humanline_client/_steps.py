@@ -17,26 +17,41 @@ import os
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import anyio
 import httpx
-
-if TYPE_CHECKING:
-    from ._base_client import AsyncAPIClient, SyncAPIClient
+from typing_extensions import Protocol
 
 R = TypeVar("R")
 # A call written once: yields actions, receives their results, returns R.
 Steps = Generator[Any, Any, R]
 
 
+class SyncDriver(Protocol):
+    """What an action needs of the client that performs it blocking (the bottom of the SDK:
+    _base_client.SyncAPIClient is one, and this module imports none of the SDK)."""
+
+    _http: httpx.Client
+
+    def _sleep(self, seconds: float) -> None: ...
+
+
+class AsyncDriver(Protocol):
+    """What an action needs of the client that awaits it (_base_client.AsyncAPIClient)."""
+
+    _http: httpx.AsyncClient
+
+    async def _sleep(self, seconds: float) -> None: ...
+
+
 class Action:
     """Something a steps generator needs done; `sync` and `aio` do it either way."""
 
-    def sync(self, client: SyncAPIClient) -> Any:  # pragma: no cover - interface
+    def sync(self, client: SyncDriver) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
-    async def aio(self, client: AsyncAPIClient) -> Any:  # pragma: no cover - interface
+    async def aio(self, client: AsyncDriver) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -48,10 +63,10 @@ class Send(Action):
     request: httpx.Request
     stream: bool = False
 
-    def sync(self, client: SyncAPIClient) -> httpx.Response:
+    def sync(self, client: SyncDriver) -> httpx.Response:
         return client._http.send(self.request, stream=self.stream, follow_redirects=False)
 
-    async def aio(self, client: AsyncAPIClient) -> httpx.Response:
+    async def aio(self, client: AsyncDriver) -> httpx.Response:
         return await client._http.send(self.request, stream=self.stream, follow_redirects=False)
 
 
@@ -59,10 +74,10 @@ class Send(Action):
 class Sleep(Action):
     seconds: float
 
-    def sync(self, client: SyncAPIClient) -> None:
+    def sync(self, client: SyncDriver) -> None:
         client._sleep(self.seconds)
 
-    async def aio(self, client: AsyncAPIClient) -> None:
+    async def aio(self, client: AsyncDriver) -> None:
         await client._sleep(self.seconds)
 
 
@@ -72,10 +87,10 @@ class Read(Action):
 
     response: httpx.Response
 
-    def sync(self, client: SyncAPIClient) -> bytes:
+    def sync(self, client: SyncDriver) -> bytes:
         return self.response.read()
 
-    async def aio(self, client: AsyncAPIClient) -> bytes:
+    async def aio(self, client: AsyncDriver) -> bytes:
         return await self.response.aread()
 
 
@@ -83,10 +98,10 @@ class Read(Action):
 class Close(Action):
     response: httpx.Response
 
-    def sync(self, client: SyncAPIClient) -> None:
+    def sync(self, client: SyncDriver) -> None:
         self.response.close()
 
-    async def aio(self, client: AsyncAPIClient) -> None:
+    async def aio(self, client: AsyncDriver) -> None:
         await self.response.aclose()
 
 
@@ -97,12 +112,12 @@ class Save(Action):
     response: httpx.Response
     path: Path
 
-    def sync(self, client: SyncAPIClient) -> int:
+    def sync(self, client: SyncDriver) -> int:
         with open(self.path, "wb") as fh:
             fh.writelines(self.response.iter_bytes())
         return os.path.getsize(self.path)
 
-    async def aio(self, client: AsyncAPIClient) -> int:
+    async def aio(self, client: AsyncDriver) -> int:
         async with await anyio.open_file(self.path, "wb") as fh:
             async for chunk in self.response.aiter_bytes():
                 await fh.write(chunk)
@@ -115,10 +130,10 @@ class Lines(Action):
 
     response: httpx.Response
 
-    def sync(self, client: SyncAPIClient) -> Iterator[str]:
+    def sync(self, client: SyncDriver) -> Iterator[str]:
         return self.response.iter_lines()
 
-    async def aio(self, client: AsyncAPIClient) -> AsyncIterator[str]:
+    async def aio(self, client: AsyncDriver) -> AsyncIterator[str]:
         return self.response.aiter_lines()
 
 
@@ -128,10 +143,10 @@ class NextLine(Action):
 
     lines: Any
 
-    def sync(self, client: SyncAPIClient) -> Optional[str]:
+    def sync(self, client: SyncDriver) -> Optional[str]:
         return next(self.lines, None)
 
-    async def aio(self, client: AsyncAPIClient) -> Optional[str]:
+    async def aio(self, client: AsyncDriver) -> Optional[str]:
         try:
             line: str = await self.lines.__anext__()
         except StopAsyncIteration:
@@ -146,10 +161,10 @@ class Callback(Action):
     fn: Callable[[Any], Any]
     arg: Any
 
-    def sync(self, client: SyncAPIClient) -> Any:
+    def sync(self, client: SyncDriver) -> Any:
         return self.fn(self.arg)
 
-    async def aio(self, client: AsyncAPIClient) -> Any:
+    async def aio(self, client: AsyncDriver) -> Any:
         result = self.fn(self.arg)
         return await result if inspect.isawaitable(result) else result
 

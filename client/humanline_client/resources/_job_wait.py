@@ -1,6 +1,7 @@
 """`jobs.wait`: follow a job's event stream to its end while a poller feeds the progress
 display with the job's step and metrics. The stream and the poller run side by side, in a
-thread (Client) or a task group (AsyncClient); everything else is shared here."""
+thread (Client) or a task group (AsyncClient); everything else is shared here. Below
+resources.jobs: what a wait needs of `client.jobs` is the protocols Jobs and AsyncJobs."""
 
 from __future__ import annotations
 
@@ -8,22 +9,41 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import anyio
+from typing_extensions import Protocol
 
 from .._exceptions import JobWaitTimeout
 from .._progress import ProgressDisplay, ProgressState, make_progress
-from .._resource import page_steps
 from .._steps import Steps
-from ..types import Job, JobEvent
-
-if TYPE_CHECKING:
-    from .jobs import AsyncJobs, Jobs
+from ..types import Job, JobEvent, Metric
 
 log = logging.getLogger("humanline_client")
 EventCallback = Callable[[JobEvent], Any]
+
+
+class _Resource(Protocol):
+    _client: Any
+
+    def _stream(self, job_id: str, **options: Any) -> Any: ...
+    def _poll_steps(self, job_id: str, from_step: int) -> Steps[tuple[Job, Sequence[Metric]]]: ...
+
+
+class Jobs(_Resource, Protocol):
+    """What wait_sync needs of resources.jobs.Jobs."""
+
+    def retrieve(self, job_id: str) -> Job: ...
+    def events(self, job_id: str, *, limit: int) -> Iterable[JobEvent]: ...
+
+
+class AsyncJobs(_Resource, Protocol):
+    """What wait_async needs of resources.jobs.AsyncJobs."""
+
+    async def retrieve(self, job_id: str) -> Job: ...
+    def events(self, job_id: str, *, limit: int) -> AsyncIterable[JobEvent]: ...
 
 
 class Tracker:
@@ -93,13 +113,10 @@ class Tracker:
 def _refresh_steps(jobs: Any, job_id: str, tracker: Tracker) -> Steps[None]:
     """Poll the job's step and its new metrics into the tracker; a failure is logged, never
     raised (a progress display never breaks a wait)."""
-    from .jobs import _Jobs
-
     try:
-        tracker.job((yield from _Jobs.retrieve.steps(jobs, job_id)))
-        listing = _Jobs.metrics.describe(jobs, job_id, from_step=tracker.next_metric_step)
-        page = yield from page_steps(jobs._client, listing, listing.params)
-        tracker.metrics(page["data"])
+        job, metrics = yield from jobs._poll_steps(job_id, tracker.next_metric_step)
+        tracker.job(job)
+        tracker.metrics(metrics)
     except Exception:
         log.debug("progress refresh of %s failed", job_id, exc_info=True)
     tracker.render()

@@ -4,11 +4,9 @@ download_checkpoint, download_model, stream_events, wait, report."""
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .._exceptions import HumanlineError
 from .._methods import AsyncReport, SyncReport, endpoint, paged, report_endpoint, twin
@@ -17,6 +15,7 @@ from .._resource import (
     AsyncAPIResource,
     Listing,
     SyncAPIResource,
+    page_steps,
     path_id,
 )
 from .._retries import NOT_GIVEN, RequestOptions
@@ -41,51 +40,13 @@ from ..types import (
     ParallelParams,
     Variant,
 )
+from ._downloads import FileDownload, Progress, reporter, target_path
 from ._job_wait import EventCallback, wait_async, wait_sync
 
 __all__ = ["AsyncJobs", "FileDownload", "Jobs"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 INTERNAL_MARKERS = ("_COMPLETE",)  # written by the worker beside checkpoints: never data
-
-
-@dataclass(frozen=True)
-class FileDownload:
-    """One file of a directory download, just written: the `index`-th of `count`."""
-
-    name: str
-    path: Path
-    bytes: int
-    index: int
-    count: int
-
-    def line(self) -> str:
-        return f"[{self.index}/{self.count}] {self.name} ({_size(self.bytes)})"
-
-
-Progress = Union[bool, None, Callable[[FileDownload], Any]]
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"  # pragma: no cover
-
-
-def _print_line(item: FileDownload) -> None:
-    print(item.line(), file=sys.stderr, flush=True)
-
-
-def _reporter(progress: Progress) -> Optional[Callable[[FileDownload], Any]]:
-    """None (a line per file on stderr when it is a terminal), True (always), False
-    (never), or your own callable."""
-    if callable(progress):
-        return progress
-    if progress is None:
-        progress = sys.stderr.isatty()
-    return _print_line if progress else None
 
 
 def _job_path(job_id: str, *rest: str) -> str:
@@ -95,14 +56,6 @@ def _job_path(job_id: str, *rest: str) -> str:
 def _after_last_step(page: Any, params: dict[str, Any]) -> dict[str, Any]:
     params["from_step"] = page.data[-1].step + 1
     return params
-
-
-def _target(dest: Path, name: str) -> Path:
-    """Where file `name` of a directory goes under `dest` (never outside it)."""
-    parts = PurePosixPath(name).parts
-    if not parts or PurePosixPath(name).is_absolute() or ".." in parts:
-        raise HumanlineError(f"refusing to write {name!r} outside {dest}")
-    return dest.joinpath(*parts)
 
 
 class _Jobs(APIResource):
@@ -329,6 +282,14 @@ class _Jobs(APIResource):
         may be a coroutine function."""
         raise NotImplementedError  # pragma: no cover - see wait_sync and wait_async
 
+    def _poll_steps(self, job_id: str, from_step: int) -> Steps[tuple[Job, Sequence[Metric]]]:
+        """What a wait's progress display polls (_job_wait): the job, its metrics from
+        `from_step` on (one page)."""
+        job = yield from _Jobs.retrieve.steps(self, job_id)
+        listing = _Jobs.metrics.describe(self, job_id, from_step=from_step)
+        page = yield from page_steps(self._client, listing, listing.params)
+        return job, page["data"]
+
     _stream_class: Any
 
     def _stream(self, job_id: str, **options: Any) -> Any:  # typed by the twins' callers
@@ -341,9 +302,9 @@ class _Jobs(APIResource):
     ) -> Steps[Path]:
         dest = Path(to)
         names = [n for n in names if PurePosixPath(n).name not in INTERNAL_MARKERS]
-        report = _reporter(progress)
+        report = reporter(progress)
         for index, name in enumerate(names, 1):
-            target = _target(dest, name)
+            target = target_path(dest, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             yield from self._download(_file_options(path, name), target)
             if report is not None:
