@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from reports import plots
+from reports.exports import provenance
 from reports.html import card, clip, esc, fmt, page, pct, pre_json, table
 
 MAX_ITEMS_SHOWN = 200
@@ -182,6 +183,7 @@ def render_evaluation_html(doc: dict[str, Any]) -> str:
         )
         if doc.get(k)
     }
+    body += "<h2>Judge, baseline, decoding, truncated answers</h2>" + pre_json(provenance(doc))
     body += "<h2>Settings</h2>" + pre_json({"evaluation": head, **settings})
     what = (
         head.get("job_id") or head.get("base_model") or (doc.get("model") or {}).get("name") or ""

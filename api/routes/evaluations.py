@@ -3,11 +3,12 @@ per-evaluation report (JSON with per-item records, or its HTML page)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -175,3 +176,49 @@ def get_evaluation_report(
         ) from None
     media = "application/json" if format == "json" else "text/html; charset=utf-8"
     return StreamingResponse(store.get_stream(key), media_type=media, headers=REPORT_HEADERS)
+
+
+@router.get(
+    "/{evaluation_id}/export",
+    responses={200: {"content": {"application/json": {}, "text/csv": {}}}, **_ERRORS},
+)
+def export_evaluation(
+    evaluation: OwnedEvaluation,
+    store: StoreDep,
+    format: Literal["alpaca_eval", "lighteval"],
+    part: Literal["all", "model_outputs", "leaderboard"] = "all",
+    name: Annotated[str | None, Query(max_length=128, pattern=r"^[\w.@/+-]+$")] = None,
+    task: Annotated[str, Query(max_length=64, pattern=r"^[a-z0-9_]+$")] = "math_500",
+):
+    """The evaluation in the field's formats, with its judge, baseline, decoding parameters
+    and truncated-answer count (`provenance`). `alpaca_eval` (instruction evaluations):
+    `model_outputs` (AlpacaEval's model_outputs.json), `leaderboard` (its leaderboard.csv
+    row) or `all` (both, JSON). `lighteval` (math): lighteval's results file, the metrics
+    under `results["humanline|{task}|0"]`. `name`: the generator (default: job[@step-N])."""
+    from reports import exports
+
+    keys = (evaluation.result or {}).get("report") or {}
+    if evaluation.status != "succeeded" or not keys.get("json"):
+        raise api_error(
+            409,
+            f"evaluation {evaluation.id} is {evaluation.status}; it can be exported once it "
+            "succeeded",
+            field="evaluation_id",
+        )
+    try:
+        doc = json.loads(store.get_bytes(keys["json"]))
+    except ObjectNotFound:
+        raise api_error(
+            404, f"the report of evaluation {evaluation.id} is missing from the store"
+        ) from None
+    try:
+        out = exports.export(doc, format, name, task)
+    except ValueError as e:
+        raise api_error(409, str(e), field="format") from None
+    if format == "alpaca_eval" and part == "model_outputs":
+        return JSONResponse(out["model_outputs"], headers=REPORT_HEADERS)
+    if format == "alpaca_eval" and part == "leaderboard":
+        ((gen, row),) = out["leaderboard"].items()
+        text = exports.leaderboard_csv(row, gen)
+        return Response(text, media_type="text/csv; charset=utf-8", headers=REPORT_HEADERS)
+    return JSONResponse(out, headers=REPORT_HEADERS)
