@@ -2,11 +2,13 @@
 
 The decision is contract.estimate's; this module supplies what the API knows: the base model's
 shape (api.caps.model_shape), the training file's size, and the device class and processes of
-the job queue (JOB_DEVICE_KIND, JOB_PROCESSES), whose memory per process is the device's, at
-most CAP_TRAIN_MEMORY_GIB (a CPU's is the cap)."""
+the job queue (JOB_DEVICE_KIND, JOB_PROCESSES) and the memory one of its processes has
+(JOB_MEMORY_GIB; unset, the device's, or on a CPU queue this machine's: never the operator's
+cap, which only bounds it), so the micro-batch it prints is the one the trainer will choose."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -23,11 +25,33 @@ CREATED_EVENT = "created"  # its data holds the spec and the estimate (models.jo
 
 
 def memory_per_process(settings: Settings) -> int:
+    """What one training process of the queue's worker class has: JOB_MEMORY_GIB, else the
+    device class's memory, else (a CPU queue) this machine's ÷ JOB_PROCESSES; at most
+    CAP_TRAIN_MEMORY_GIB."""
     device = throughput_table()["devices"][settings.JOB_DEVICE_KIND]
-    gib = settings.CAP_TRAIN_MEMORY_GIB
-    if device.get("memory_gib") is not None:
-        gib = min(gib, float(device["memory_gib"]))
-    return int(gib * GiB)
+    if settings.JOB_MEMORY_GIB is not None:
+        gib = settings.JOB_MEMORY_GIB
+    elif device.get("memory_gib") is not None:
+        gib = float(device["memory_gib"])
+    else:
+        gib = host_memory_bytes() / GiB / settings.JOB_PROCESSES
+    return int(min(gib, settings.CAP_TRAIN_MEMORY_GIB) * GiB)
+
+
+def host_memory_bytes() -> int:
+    """This machine's memory, or its container's limit when lower (cgroup v2, then v1)."""
+    import psutil
+
+    total = int(psutil.virtual_memory().total)
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+        break
+    return total
 
 
 def estimate_for(

@@ -149,6 +149,15 @@ class Settings(BaseSettings):
     JOB_PROCESSES: int = Field(
         1, ge=1, le=64, description="Training processes (GPUs on a GPU queue) a job runs on."
     )
+    JOB_MEMORY_GIB: float | None = Field(
+        None,
+        gt=0,
+        description="Memory one training process has on the workers CELERY_QUEUE feeds (a "
+        "GPU's memory, or a CPU worker's RAM per process): the estimate chooses its micro-batch "
+        "for it, as the trainer will there. Unset: the device class's (contract/throughput.json)"
+        ", and on a CPU queue this machine's memory ÷ JOB_PROCESSES (the embedded worker's). "
+        "Never above CAP_TRAIN_MEMORY_GIB, the most any job may ask for.",
+    )
 
     # --- evaluations (DESIGN.md §9) -------------------------------------------------------------
     MAX_EVALS_PER_TEAM: int = Field(10, ge=1, description="Queued or running evaluations per team.")

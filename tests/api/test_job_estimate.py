@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
+from api.estimates import host_memory_bytes
+from contract.memory import GiB
 from models.settings import Settings
 from models.tables import Job, JobEvent
 from tests.api.conftest import PREFERENCE, create_job, job_body
@@ -40,10 +42,11 @@ def test_estimate_by_hand_and_nothing_written(client, team_a, train_file, db_ses
     # the resolved spec, as create would store it
     assert est["spec"]["batch_size"] == 4 and est["spec"]["optim"]["lr"] is not None
     assert est["spec"]["reference_sync"] == "none"
-    # the default queue is a CPU one: one process, no GPU, memory = the cap
+    # the default queue is a CPU one: one process, no GPU, this machine's memory (not the cap)
     assert est["device"] == "cpu" and est["processes"] == 1 and est["gpus"] == 0
     assert est["gpu_hours"] == 0
-    assert est["memory_available_gib"] == pytest.approx(512.0)
+    here = min(host_memory_bytes(), 512 * GiB) / GiB
+    assert est["memory_available_gib"] == pytest.approx(here, abs=1e-3)
     assert est["micro_batch"] * est["grad_accum"] == 4  # the whole batch, one process
     assert est["memory_fits"] and 0.5 < est["memory_gib_per_process"] < 2
     assert est["wall_clock_seconds"] == pytest.approx(
@@ -157,3 +160,58 @@ def test_the_jobs_report_shows_its_estimate(client, team_a, train_file):
         f"/v1/jobs/{job['id']}/report", headers=team_a.headers, params={"format": "html"}
     ).text
     assert "Estimate vs actual" in html
+
+
+def _estimate_app(settings, store, queue, db_sessions, team_a, **body):
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from tests.api.conftest import upload
+
+    client = TestClient(create_app(settings, store=store, queue=queue, session_factory=db_sessions))
+    file_id = upload(client, team_a).json()["id"]
+    return client.post(
+        "/v1/jobs/estimate", headers=team_a.headers, json=job_body(file_id, **body)
+    ).json()
+
+
+def test_the_estimate_prices_the_queues_worker_memory_not_the_cap(
+    settings, store, queue, db_sessions, team_a, monkeypatch
+):
+    """Issue 38: on a 24 GiB machine the embedded default printed "512 GiB per process" (the
+    operator cap). The queue's worker class has JOB_MEMORY_GIB, or unset, on a CPU queue, this
+    machine's memory ÷ its processes; the micro-batch is the one the trainer chooses there."""
+    import api.estimates
+    from contract.micro_batch import choose_micro_batch
+    from contract.shapes import BUILTIN_SHAPES, TINY_LLAMA
+
+    monkeypatch.setattr(api.estimates, "host_memory_bytes", lambda: 24 * GiB)
+    est = _estimate_app(settings, store, queue, db_sessions, team_a, max_steps=2)
+    assert est["memory_available_gib"] == pytest.approx(24.0)
+    two = settings.model_copy(update={"JOB_PROCESSES": 2})
+    est = _estimate_app(two, store, queue, db_sessions, team_a, max_steps=2)
+    assert est["memory_available_gib"] == pytest.approx(12.0)
+    # set per queue: a worker class of 1 GiB; below the cap it is what is priced
+    small = settings.model_copy(update={"JOB_MEMORY_GIB": 0.6})
+    est = _estimate_app(small, store, queue, db_sessions, team_a, max_steps=2)
+    assert est["memory_available_gib"] == pytest.approx(0.6)
+    # the micro-batch the trainer would choose with 0.6 GiB
+    choice = choose_micro_batch(
+        _resolved(est), BUILTIN_SHAPES[TINY_LLAMA], int(0.6 * GiB), training_file_bytes=220,
+        training_records=4,
+    )  # fmt: skip
+    assert (est["micro_batch"], est["grad_accum"]) == (choice.micro_examples, choice.grad_accum)
+    # never above the operator's cap, which bounds what any job may use
+    capped = settings.model_copy(update={"JOB_MEMORY_GIB": 64.0, "CAP_TRAIN_MEMORY_GIB": 40.0})
+    est = _estimate_app(capped, store, queue, db_sessions, team_a, max_steps=2)
+    assert est["memory_available_gib"] == pytest.approx(40.0)
+    # a GPU queue unset: the device's memory (an H100's 80), not the cap's 512
+    h100 = settings.model_copy(update={"JOB_DEVICE_KIND": "h100"})
+    est = _estimate_app(h100, store, queue, db_sessions, team_a, max_steps=2)
+    assert est["memory_available_gib"] == pytest.approx(80.0)
+
+
+def _resolved(est: dict):
+    from contract.spec import JobSpec
+
+    return JobSpec.model_validate(est["spec"])
