@@ -92,3 +92,13 @@ def test_ci_lints_and_type_checks_every_package():
     ci = (ROOT / ".ci/run").read_text().splitlines()
     lint = [line.strip() for line in ci if line.strip().startswith("make lint")]
     assert lint == ["make lint"], f".ci/run must run `make lint` as is, runs {lint}"
+
+
+def test_the_suite_shows_its_slowest_tests_and_ci_bounds_its_time():
+    """`make test` lists its 25 slowest tests; CI runs it (as is) under a 45-minute budget."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^test: .*\n\t(.+)$", makefile, re.M)
+    assert recipe and "--durations=25" in recipe.group(1), "make test must print its slowest"
+    ci = (ROOT / ".ci/run").read_text()
+    assert re.search(r"^TEST_BUDGET_S=\$\{TEST_BUDGET_S:-2700\}$", ci, re.M), "45 min budget"
+    assert re.search(r"^timeout .*\"\$TEST_BUDGET_S\" make test\b", ci, re.M)
