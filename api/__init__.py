@@ -16,7 +16,8 @@ Its modules:
     downloads       serving one stored file (checkpoints, the exported model)
     openai_compat   OpenAI's fine-tuning shapes <-> our JobSpec and rows (no SQL, no HTTP)
     schemas, schemas_eval   response models (jobs, files; evaluations, reports)
-    errors          the one error shape (OpenAI's fields and ours)
+    errors          api_error (what routes raise) and the handlers that answer every error
+    error_bodies    the one error shape (OpenAI's fields and ours), below observability
     observability   request ids, JSON logs, Prometheus metrics, body-size limit
     keycache, ratelimit   verified keys remembered briefly; failed-auth token buckets
     cli             `humanline-server`: migrate, create-team, create-key, keys, serve
