@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -297,6 +298,7 @@ def run(
                     "build_s": time.time() - t0,
                     "fingerprint": tenv.fingerprint(base, unpinned=unpinned),
                 }
+            os.environ.update(tenv.ARM_ENV)  # the jobs started from now on: two threads
             submit(setup, client, base, ids, only)
         tenv.check_base(root / "base", unpinned=unpinned)
         results, base_acc, dropped = collect(setup, root, client, only, deadline)

@@ -4,9 +4,9 @@ The base policy is a product SFT job; its float kernels are chosen per CPU (AVX-
 machine, AVX2 on another), and the same recipe built a 35.5% base on one machine and a 19.0%
 base on another. The testbed therefore runs every process it starts (the random init, the SFT
 job, the arms, the evaluations) with ATen's kernels pinned to AVX2, MKL's code path pinned to
-AVX2 (conditional numerical reproducibility), oneDNN capped at AVX2 and one thread, and pins the
-base's weights by sha256: `check_base` refuses a base whose `model.safetensors` differs unless
-the caller says `--unpinned`.
+AVX2 (conditional numerical reproducibility) and oneDNN capped at AVX2; the base is built on one
+thread, the arms on two (ARM_ENV). The base's weights are pinned by sha256: `check_base`
+refuses a base whose `model.safetensors` differs unless the caller says `--unpinned`.
 
 `fingerprint()` is what every study's results carry: base sha256, torch version, CPU model,
 the ISA ATen dispatches to (`torch.backends.cpu.get_cpu_capability()`) and the CPU's own,
@@ -31,6 +31,10 @@ PIN_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
+# The arms (GRPO jobs, run one at a time by the embedded worker) keep the kernel pins but use
+# two threads, the study's 2-core machine: a fixed count (so a run reproduces on any machine
+# with ≥ 2 cores), without halving the compute the 45-minute time box was sized on.
+ARM_ENV = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
 # sha256 of the full Setup's base (`python benchmarks/testbed.py build`) model.safetensors,
 # built under PIN_ENV: 22.0% held-out; two builds on an AMD EPYC (AVX-512 CPU, kernels pinned
@@ -107,9 +111,11 @@ def fingerprint(base: Path | None, *, unpinned: bool = False) -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "cpu_isa": _cpu_isa(),
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(),  # this process's: the random init's
         "cores": os.cpu_count(),
-        "pinned_env": {k: os.environ.get(k) for k in PIN_ENV},
+        "pinned_env": {k: os.environ.get(k) for k in PIN_ENV},  # what processes start with now
+        "base_build_env": PIN_ENV,
+        "arm_env": {**PIN_ENV, **ARM_ENV},
         "python": platform.python_version(),
         "code_version": code_version(),
     }

@@ -185,6 +185,9 @@ def test_base_pin_refuses_other_weights_unless_unpinned(tmp_path):
     assert fp["aten_capability"] == torch.backends.cpu.get_cpu_capability()
     assert fp["cpu_model"] and fp["cpu_isa"] and fp["code_version"]
     assert set(fp["pinned_env"]) == set(tenv.PIN_ENV)
+    assert fp["base_build_env"]["OMP_NUM_THREADS"] == "1"  # the base: one thread
+    assert fp["arm_env"]["OMP_NUM_THREADS"] == "2"  # the arms: two, the same kernels
+    assert fp["arm_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
 
 
 def test_arms_flag_selects_and_rejects_unknown():
