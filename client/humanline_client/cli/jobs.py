@@ -136,8 +136,9 @@ def _job_body(
     set_: Optional[list[str]],
     metadata: Optional[list[str]],
 ) -> dict[str, Any]:
-    """A job's body from a spec file and the options (an option wins; a local training file
-    is uploaded first): `jobs create` and `jobs estimate` alike."""
+    """The keywords of `jobs.create` and `jobs.estimate` alike, from a spec file and the
+    options (an option wins; a local training file is uploaded first): the three required
+    fields by name, every other field in `extra_body`."""
     body: dict[str, Any] = _load_spec(spec) if spec else {}
     if model:
         body["base_model"] = model
@@ -157,7 +158,8 @@ def _job_body(
         body["training_file"] = file
     _upload_local(client, body, "training_file", "train")
     _require(body, {"base_model": "--model", "training_file": "--file", "objective": "--objective"})
-    return body
+    required = {name: body.pop(name) for name in ("base_model", "training_file", "objective")}
+    return {**required, "extra_body": body}
 
 
 ObjectiveOpt = Annotated[Optional[str], typer.Option(help="sft, dpo, kto or grpo.")]
@@ -186,13 +188,8 @@ def jobs_create(
 ) -> None:
     """Submit a training job."""
     client = _client()
-    body = _job_body(client, spec, model, file, objective, variant, max_steps, set_, metadata)
-    job = client.jobs.create(
-        base_model=body.pop("base_model"),
-        training_file=body.pop("training_file"),
-        objective=body.pop("objective"),
-        extra_body=body,
-    )
+    request = _job_body(client, spec, model, file, objective, variant, max_steps, set_, metadata)
+    job = client.jobs.create(**request)
     _created(
         job,
         as_json,
@@ -270,13 +267,8 @@ def jobs_estimate(
     """What a job would cost (steps, tokens, memory, GPUs, wall-clock, GPU-hours), without
     creating it: the same spec and checks as `jobs create`."""
     client = _client()
-    body = _job_body(client, spec_file, model, file, objective, variant, max_steps, set_, None)
-    est = client.jobs.estimate(
-        base_model=body.pop("base_model"),
-        training_file=body.pop("training_file"),
-        objective=body.pop("objective"),
-        extra_body=body,
-    )
+    request = _job_body(client, spec_file, model, file, objective, variant, max_steps, set_, None)
+    est = client.jobs.estimate(**request)
     _emit(est, as_json, _show_estimate)
 
 
