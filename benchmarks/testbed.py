@@ -9,10 +9,13 @@ policy is a product ``objective: sft`` job on worked sums (held-out accuracy rou
 
 Arms (docs/replication.md, pre-registered rules): online (``sample_every: 1``), stale-S
 (``sample_every: S``, S × the data every S steps: same total), stale-S+humanline (k from the
-``math`` preset, 12) and a k sweep at the largest S. ≥ 5 seeds each.
+``math`` preset, 12), optionally a k sweep at the largest S. The defaults are the confirmatory
+study (issue 35): online, stale-32, stale-32+humanline; seeds 10-25; the final checkpoint only;
+a 45-minute time box; the pinned base (testbed_env). Studies 1-2 were
+``--stales 8 32 --k-sweep 4 24 --seeds 0 1 2 3 4 --eval-points 4 --deadline 0 --unpinned``.
 
     python benchmarks/testbed.py build     # task files, random model, SFT base checkpoint
-    python benchmarks/testbed.py           # build (cached) + the whole study
+    python benchmarks/testbed.py           # build + the confirmatory study
     python benchmarks/testbed.py --quick   # the path in < 2 min (make test); figures mean nothing
     python benchmarks/testbed.py report    # figures, report and picture again from --out's DB
 
@@ -62,13 +65,13 @@ class Setup:
     group: int = 8
     lr: float = 2e-4
     max_new_tokens: int = 6
-    stales: tuple[int, ...] = (8, 32)
-    k_sweep: tuple[int, ...] = (4, 24)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
-    eval_points: int = 4  # checkpoints evaluated along the way (the final one included)
+    stales: tuple[int, ...] = (32,)
+    k_sweep: tuple[int, ...] = ()
+    seeds: list[int] = field(default_factory=lambda: list(range(10, 26)))
+    eval_points: int = 1  # checkpoints evaluated along the way (the final one included)
     eval_samples: int = 1
     arm_names: tuple[str, ...] | None = None  # `--arms`: a subset of arms() (None: all)
-    deadline_min: float | None = None  # `--deadline`: the time box, from the command's start
+    deadline_min: float | None = 45.0  # `--deadline`: the time box from the start (0: none)
 
 
 def quick_setup() -> Setup:
@@ -330,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-lr", type=float)
     ap.add_argument("--png", type=Path, help="the figure (default: docs/testbed.png, full)")
     ap.add_argument("--arms", nargs="+", help="a subset of the arms (e.g. online stale-32 …)")
-    ap.add_argument("--stales", type=int, nargs="+", help="the stale S values (default 8 32)")
+    ap.add_argument("--stales", type=int, nargs="+", help="the stale S values (default 32)")
+    ap.add_argument("--k-sweep", type=int, nargs="*", help="humanline k values at the largest S")
     ap.add_argument("--deadline", type=float, help="time box in minutes: analyse the seeds "
                     "whose arms all completed by then")  # fmt: skip
     ap.add_argument("--unpinned", action="store_true", help="accept a base whose sha256 is "
@@ -341,9 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) is not None:
             setattr(setup, name, getattr(args, name))
     if args.stales is not None:
-        setup.stales, setup.k_sweep = tuple(args.stales), ()  # k sweep only with the default S
+        setup.stales = tuple(args.stales)
+    if args.k_sweep is not None:
+        setup.k_sweep = tuple(args.k_sweep)
     setup.arm_names = tuple(args.arms) if args.arms else None
-    setup.deadline_min = args.deadline
+    if args.deadline is not None:
+        setup.deadline_min = args.deadline or None
     unpinned = args.unpinned or args.quick  # --quick's base is a 2-step toy, never pinned
     summary = run(setup, args.out, args.command, args.base, args.only, unpinned)
     if args.command != "build" and args.only is None:

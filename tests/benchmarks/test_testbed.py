@@ -56,7 +56,7 @@ def test_task_tokenizer_gives_every_digit_its_own_token_and_round_trips():
 
 
 def test_arms_differ_only_in_sampling_frequency_and_humanline():
-    setup = testbed.Setup()
+    setup = testbed.Setup(stales=(8, 32), k_sweep=(4, 24))  # studies 1-2's arms
     names = testbed.arms(setup)
     specs = {arm: testbed.grpo_spec(setup, arm, 3, Path("/m"), "file-x") for arm in names}
     for spec in specs.values():
@@ -190,6 +190,16 @@ def test_base_pin_refuses_other_weights_unless_unpinned(tmp_path):
     assert fp["arm_env"]["ATEN_CPU_CAPABILITY"] == "avx2"
 
 
+def test_defaults_are_the_preregistered_confirmatory_study():
+    setup = testbed.Setup()
+    assert testbed.arms(setup) == {"online": (1, None), "stale-32": (32, None),
+                                   "stale-32+humanline": (32, 12)}  # fmt: skip
+    assert setup.seeds == list(range(10, 26)) and setup.eval_points == 1
+    assert setup.deadline_min == 45.0
+    spec = testbed.grpo_spec(setup, "online", 10, Path("/m"), "file-x")
+    assert spec["checkpoint_every"] == spec["max_steps"] == 128  # the final checkpoint only
+
+
 def test_arms_flag_selects_and_rejects_unknown():
     setup = testbed.Setup(arm_names=("online", "stale-32", "stale-32+humanline"), k_sweep=())
     assert testbed.arms(setup) == {"online": (1, None), "stale-32": (32, None),
@@ -262,6 +272,11 @@ def test_quick_runs_the_product_path(tmp_path):
     assert summary["mode"] == "quick" and Path(summary["png"]).stat().st_size > 0
     assert set(summary["arms"]) == {"online", "stale-2", "stale-2+humanline"}
     assert [summary["arms"][a]["rounds"] for a in summary["arms"]] == [2, 1, 1]
+    fp = summary["fingerprint"]
+    assert fp["unpinned_allowed"] and fp["base_sha256"] and fp["aten_capability"] == "AVX2"
+    assert summary["seeds_left_out"] == [] and summary["by_stale"]["2"]["contrast"]["n"] == 1
+    for data in summary["arms"].values():  # the mechanism, from the jobs' step metrics
+        assert data["grad_clipped_share"] is not None and data["kl_loss_share"] is not None
     page = Path(summary["report"]).read_text()
     assert "Groups by arm" in page  # the service's report draws each arm's curve with bands
     for data in summary["arms"].values():
