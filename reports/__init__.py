@@ -8,6 +8,8 @@
     load_run_dir                                a job report from a trainer run directory
     reports.verdict.paired_verdict              two models on the same items → one line
                                                 (win rates, paired difference ± SE, p)
+    reports.exports.export                      one evaluation in the field's formats
+                                                (AlpacaEval, lighteval) with its provenance
 
 Torch-free (stdlib, numpy, matplotlib): the API renders job and comparison pages on request,
 from the DB, so they are current while a job runs and as evaluations land.
