@@ -359,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["png"] = str(png)
         (args.out / "results.md").write_text(tf.markdown(summary))
         summary["results_md"] = str(args.out / "results.md")
+        # every figure, each arm's per-seed runs and the fingerprint (docs/testbed/*.json)
+        (args.out / "results.json").write_text(json.dumps(summary, default=str, indent=1))
     summary["mode"] = "quick" if args.quick else "full"
     print(json.dumps(summary, default=str))
     return 0

@@ -341,6 +341,15 @@ def markdown(summary: dict[str, Any]) -> str:
                 + ("–" if v["share_closed"] is None else f"{v['share_closed']:.2f}")
                 + ("" if ci is None else f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
             )
+    if fp := summary.get("fingerprint"):
+        lines.append(
+            f"\nSeeds analysed: {summary['seeds']['value']} per arm; left out at the deadline: "
+            f"{summary.get('seeds_left_out') or 'none'}. Fingerprint: base sha256 "
+            f"`{fp['base_sha256']}` ({'pinned' if fp['base_pinned'] else 'NOT the pinned base'}), "
+            f"torch {fp['torch']}, {fp['cpu_model']} ({fp['cpu_isa']}, kernels "
+            f"{fp['aten_capability']}), {fp['threads']} thread(s) building, arms "
+            f"{fp['arm_env'].get('OMP_NUM_THREADS')}, {fp['code_version']}."
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -152,6 +152,12 @@ def test_figures_validity_contrast_and_table_by_hand():
         in table
     )
     assert "| online | 50.0 ± 1.2% | 50.0 ± 1.2% |" in table
+    summary |= {"seeds_left_out": [11], "fingerprint": {
+        "base_sha256": "ab12", "base_pinned": True, "torch": "2.x", "cpu_model": "CPU",
+        "cpu_isa": "AVX512", "aten_capability": "AVX2", "threads": 1,
+        "arm_env": {"OMP_NUM_THREADS": "2"}, "code_version": "git:x"}}  # fmt: skip
+    assert "left out at the deadline: [11]. Fingerprint: base sha256 `ab12` (pinned)" in (
+        tf.markdown(summary))  # fmt: skip
     results["stale-8"] = [_run(v, i) for i, v in enumerate((0.49, 0.60, 0.30))]  # gap ~0.04
     out = tf.figures(setup, results, 0.1, 12)["by_stale"][8]
     assert not out["gap_online_minus_stale"]["met"] and not out["contrast"]["met"]
