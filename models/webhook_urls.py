@@ -40,16 +40,49 @@ def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+_V6 = ipaddress.IPv6Network
+# IPv6 forms that carry an IPv4 address a translator or tunnel delivers to: the IPv4 inside
+# is what gets checked (DNS64 synthesises 64:ff9b::a.b.c.d for every IPv4-only receiver).
+_NAT64_WKP = _V6("64:ff9b::/96")  # RFC 6052 well-known prefix, the IPv4 in the last 32 bits
+_SIXTOFOUR = _V6("2002::/16")  # RFC 3056, the 6to4 router's IPv4 in bits 16-48
+# Refused outright, whatever they embed: ::/8 holds IPv4-compatible ::a.b.c.d, SIIT
+# ::ffff:0:a.b.c.d, the local-use NAT64 prefix 64:ff9b:1::/48 (RFC 8215: the IPv4's place
+# depends on the operator's prefix length) and nothing global; Teredo; site-local fec0::/10.
+_REFUSED_V6 = (_V6("::/8"), _V6("2001::/32"), _V6("fec0::/10"))
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a translator or tunnel would reach for `ip` (mapped, NAT64, 6to4)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64_WKP:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.sixtofour  # None outside 2002::/16
+
+
 def _public(ip: IPAddress) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = embedded_ipv4(ip)
+        if inner is not None:
+            return _public(inner)
+        if any(ip in net for net in _REFUSED_V6):
+            return False
     return ip.is_global and not ip.is_multicast
 
 
 def allowed_address(ip: IPAddress, settings: Settings) -> bool:
     if settings.WEBHOOKS_ALLOW_PRIVATE or _public(ip):
         return True
-    return any(ip in net for net in settings.webhooks_allowed_cidrs if ip.version == net.version)
+    # ::ffff:a.b.c.d is a.b.c.d on a dual-stack socket; a translator's or tunnel's address is
+    # allowed only as itself (an IPv6 CIDR), never through the IPv4 it embeds.
+    inner = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return any(
+        addr in net
+        for addr in (ip, inner)
+        if addr is not None
+        for net in settings.webhooks_allowed_cidrs
+        if addr.version == net.version
+    )
 
 
 def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> Target:

@@ -3,15 +3,17 @@ SSRF guard at create (models.webhook_urls)."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from api.main import create_app
 from models import webhooks
 from models.settings import Settings
 from models.webhook_urls import UrlRefused, check_url
+from models.webhooks import new_secret
 from tests.api.conftest import claim_job, create_job, finish_job
 from tests.worker.webhook_receiver import Receiver
-from worker.webhooks import deliver_endpoint
+from worker.webhooks import deliver_endpoint, send_once
 
 
 @pytest.fixture
@@ -81,6 +83,43 @@ def test_refused_urls_name_the_field(client, team_a, url):
     r = client.post("/v1/webhooks", headers=team_a.headers, json={"url": url})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["field"] == "url"
+
+
+EMBEDS_IPV4 = [
+    "64:ff9b::169.254.169.254",  # NAT64 (well-known prefix) to cloud metadata
+    "64:ff9b::10.0.0.1",  # NAT64 to a private address
+    "64:ff9b:1::a9fe:a9fe",  # the local-use NAT64 prefix 64:ff9b:1::/48
+    "64:ff9b:1:2:3::808:808",  # ... whatever it embeds
+    "2002:a9fe:a9fe::1",  # 6to4 around 169.254.169.254
+    "2002:7f00:1::1",  # 6to4 around 127.0.0.1
+    "::127.0.0.1",  # IPv4-compatible
+    "::8.8.8.8",  # IPv4-compatible, deprecated whatever it embeds
+    "::ffff:0:10.0.0.1",  # SIIT (IPv4-translated)
+    "::ffff:0:8.8.8.8",
+    "::ffff:169.254.169.254",  # IPv4-mapped metadata
+    "fec0::1",  # site-local
+    "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+]
+
+
+@pytest.mark.parametrize("address", EMBEDS_IPV4)
+def test_ipv6_forms_embedding_ipv4_are_refused(client, team_a, settings, address):
+    """Literal or behind a name, at create (the API) and at each delivery (the worker)."""
+    r = client.post("/v1/webhooks", headers=team_a.headers, json={"url": f"http://[{address}]/x"})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "url", r.text
+    with pytest.raises(UrlRefused, match="resolves to"):
+        check_url("http://hooks.example/x", settings, resolver=lambda h, p: [address])
+    code, error = send_once(
+        "http://hooks.example/x", new_secret(), "msg_1", {}, settings,
+        client=httpx.Client(), resolver=lambda h, p: ["127.0.0.1", address],
+    )  # fmt: skip
+    assert code is None and error is not None and "refused at delivery" in error
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::8.8.8.8", "2002:808:808::1", "2606:4700::1"])
+def test_public_targets_behind_nat64_and_6to4_pass(settings, address):
+    """DNS64 answers 64:ff9b::a.b.c.d for every IPv4-only receiver: its IPv4 is what counts."""
+    assert check_url("https://hooks.example/x", settings, resolver=lambda h, p: [address])
 
 
 def test_bad_events_are_a_422(client, team_a):
