@@ -209,23 +209,34 @@ def follow(
     }  # fmt: skip
 
 
-def submit(setup: Setup, client: Any, base: Path, ids: dict[str, str], only: str | None) -> None:
-    """Every arm × seed, queued at once (seed-major, so a partial study is balanced)."""
+def submit(
+    setup: Setup, client: Any, base: Path, ids: dict[str, str], only: str | None, seed: int
+) -> dict[tuple[str, int], str]:
+    """One seed's arms, queued; (arm, seed) → job id."""
     request = eval_request(setup, ids["heldout"])
-    for seed in setup.seeds:
-        for arm in arms(setup):
-            if only in (None, arm):
-                spec = grpo_spec(setup, arm, seed, base, ids["grpo"])
-                client.jobs.create(**spec, evaluations=[request])
+    out = {}
+    for arm in arms(setup):
+        if only in (None, arm):
+            spec = grpo_spec(setup, arm, seed, base, ids["grpo"])
+            out[arm, seed] = client.jobs.create(**spec, evaluations=[request]).id
+    return out
 
 
 def collect(
-    setup: Setup, root: Path, client: Any, only: str | None = None, deadline: float | None = None
+    setup: Setup,
+    root: Path,
+    client: Any,
+    only: str | None = None,
+    deadline: float | None = None,
+    queue: Any = None,
 ) -> tuple[dict[str, list[dict]], float, list[int]]:
     """The study's jobs (metadata testbed=1, one per arm × seed) followed to their figures,
     seed by seed; with a `deadline` (epoch seconds) a seed whose arms are not all complete by
     then is dropped whole (returned last); the service's comparison report, grouped by arm, in
-    root/compare.html; the base's held-out accuracy (its evaluation, reused)."""
+    root/compare.html; the base's held-out accuracy (its evaluation, reused). `queue(seed)`
+    (a study, not `report`) submits a seed: the next one as soon as this one's jobs end, so the
+    one-at-a-time worker runs each seed's evaluations before the next seed's jobs (all queued
+    at once, every evaluation would wait behind every job and miss the deadline)."""
     from replicate import pass_at_1
 
     heldout = next(f for f in client.files.list(purpose="eval", limit=100)
@@ -236,10 +247,24 @@ def collect(
         found.setdefault((job.metadata["arm"], job.spec["seed"]), job.id)
     results: dict[str, list[dict]] = {a: [] for a in arms(setup) if only in (None, a)}
     dropped: list[int] = []
-    for seed in setup.seeds:
-        left = 7200.0 if deadline is None else deadline - time.time()
+
+    def left() -> float:
+        return 7200.0 if deadline is None else deadline - time.time()
+
+    if queue is not None and setup.seeds:
+        found.update(queue(setup.seeds[0]))
+    for i, seed in enumerate(setup.seeds):
         try:  # a seed counts only with every arm complete (paired analysis)
-            runs = {a: follow(client, found[a, seed], seed, setup, request, left) for a in results}
+            if any((a, seed) not in found for a in results):
+                raise TimeoutError(f"seed {seed} was not queued before the deadline")
+            if queue is not None and i + 1 < len(setup.seeds):
+                for a in results:
+                    client.jobs.wait(found[a, seed], timeout=max(left(), 1.0))
+                if left() > 0:
+                    found.update(queue(setup.seeds[i + 1]))
+            runs = {
+                a: follow(client, found[a, seed], seed, setup, request, left()) for a in results
+            }
         except TimeoutError:
             dropped.append(seed)
             print(f"seed {seed}: not complete by the deadline, left out", flush=True)
@@ -302,9 +327,10 @@ def run(
                     "fingerprint": tenv.fingerprint(base, unpinned=unpinned),
                 }
             os.environ.update(tenv.ARM_ENV)  # the jobs started from now on: two threads
-            submit(setup, client, base, ids, only)
         tenv.check_base(root / "base", unpinned=unpinned)
-        results, base_acc, dropped = collect(setup, root, client, only, deadline)
+        queue = None if command == "report" else (
+            lambda seed: submit(setup, client, base, ids, only, seed))  # fmt: skip
+        results, base_acc, dropped = collect(setup, root, client, only, deadline, queue)
     fingerprint = tenv.fingerprint(root / "base", unpinned=unpinned)
     if only is not None:  # a tuning run (online arm only): its curve, no comparison
         return {"setup": asdict(setup), "base_accuracy": base_acc, "arms": results,

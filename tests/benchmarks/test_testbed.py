@@ -250,6 +250,34 @@ def test_deadline_keeps_only_seeds_with_every_arm_complete(tmp_path, monkeypatch
     assert "online/11" not in client.compared  # the report holds complete seeds only
 
 
+def test_a_study_queues_each_seed_once_the_previous_seeds_jobs_ended(tmp_path, monkeypatch):
+    """The embedded worker runs work in order: queued all at once, every evaluation would wait
+    behind all 48 jobs. Seed by seed, a seed's evaluations run before the next seed's jobs."""
+    setup = testbed.Setup(seeds=[10, 11, 12])
+    client = _Fake([], testbed.arms(setup))  # nothing queued before the study starts
+    log: list[tuple[str, object]] = []
+    client.jobs.wait = lambda job_id, timeout: log.append(("wait", job_id))
+
+    def queue(seed):
+        log.append(("queue", seed))
+        return {(a, seed): f"{a}/{seed}" for a in testbed.arms(setup)}
+
+    def follow(client, job_id, seed, setup, request, timeout):
+        log.append(("follow", job_id))
+        return {"seed": seed, "job": job_id, "accuracy": 0.5}
+
+    monkeypatch.setattr(testbed, "follow", follow)
+    results, _, dropped = testbed.collect(setup, tmp_path, client, queue=queue)
+    assert dropped == [] and [r["seed"] for r in results["online"]] == [10, 11, 12]
+    assert log[0] == ("queue", 10) and [e for e in log if e[0] == "queue"][1:] == [
+        ("queue", 11), ("queue", 12)]  # fmt: skip
+    assert log.index(("queue", 11)) > log.index(("wait", "stale-32+humanline/10"))
+    assert log.index(("queue", 11)) < log.index(("follow", "online/10"))
+    log.clear()  # past the deadline: no further seed is queued; those seeds are left out
+    results, _, dropped = testbed.collect(setup, tmp_path, client, deadline=0.0, queue=queue)
+    assert dropped == [11, 12] and [e for e in log if e[0] == "queue"] == [("queue", 10)]
+
+
 @pytest.mark.slow
 def test_pinned_build_reproduces_the_base_hash(tmp_path):
     """The pin: `testbed.py build` (PIN_ENV: AVX2 kernels, one thread) rebuilds the base to
