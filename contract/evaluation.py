@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from contract.data import Format
+from contract.strict import StrictNumbers
 
 EvalKind = Literal["instruction", "math"]
 EVAL_FILE_FORMAT: dict[EvalKind, Format] = {"instruction": "eval_instruction", "math": "eval_math"}
@@ -19,7 +20,7 @@ def judge_url(base_url: str) -> str:
     return base_url.strip().rstrip("/")
 
 
-class _Strict(BaseModel):
+class _Strict(StrictNumbers):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from contract.strict import StrictNumbers
 
 
-class HumanlineParams(BaseModel):
+class HumanlineParams(StrictNumbers):
     """Humanline clipping/sampling and syncing parameters (DESIGN.md §2).
 
     ``mode: clip`` (default) clamps each token's log-ratio to [log_eps_P, log_eps_R]; ``mode:

@@ -31,17 +31,19 @@ from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
+
+from contract.strict import StrictNumbers
 
 Strategy = Literal["ddp", "fsdp"]
 
 
-class ParallelConfig(BaseModel):
+class ParallelConfig(StrictNumbers):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     strategy: Strategy = Field("ddp", description="'ddp' (replicate) or 'fsdp' (FSDP2, sharded).")
@@ -63,11 +65,17 @@ class ParallelConfig(BaseModel):
     def _check_nodes(self) -> ParallelConfig:
         if self.nodes > 1 and self.processes_per_node is None:
             raise ValueError("processes_per_node is required when nodes > 1")
-        if self.hsdp and not self.fsdp:
-            raise ValueError("hsdp needs strategy 'fsdp'")
-        if self.hsdp and self.nodes == 1:
-            raise ValueError("hsdp needs nodes > 1 (it replicates across nodes)")
         return self
+
+    @field_validator("hsdp")
+    @classmethod
+    def _hsdp_fits(cls, hsdp: bool, info: ValidationInfo) -> bool:
+        """A field's check (the last field: the others are validated), so errors name it."""
+        if hsdp and info.data.get("strategy", "fsdp") != "fsdp":
+            raise ValueError("hsdp needs strategy 'fsdp'")
+        if hsdp and info.data.get("nodes", 2) == 1:
+            raise ValueError("hsdp needs nodes > 1 (it replicates across nodes)")
+        return hsdp
 
     @property
     def fsdp(self) -> bool:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from contract.graders import OPERATIONS, SAMPLE_TEXT, item_fields, variables
+from contract.strict import StrictNumbers
 
 # The only reward sources a job may name: no user code ever runs in a worker.
 REWARD_NAMES: frozenset[str] = frozenset(
@@ -15,7 +16,7 @@ REWARD_NAMES: frozenset[str] = frozenset(
 )
 
 
-class RewardSpec(BaseModel):
+class RewardSpec(StrictNumbers):
     """One source of the job's reward: ``{"name": "math_accuracy", "weight": 8}``.
 
     ``options`` are the factory's keyword arguments (e.g. ``{"path": ...}`` for

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from contract.strict import StrictNumbers
 
 
-class SFTConfig(BaseModel):
+class SFTConfig(StrictNumbers):
     """Supervised fine-tuning: the mean negative log-likelihood of the completion (assistant)
     tokens over the whole global batch. No reference model, so no humanline and no online
     sampling (JobSpec refuses both, naming the field: `sft_refusal`)."""

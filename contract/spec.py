@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from contract.evaluation import EvalRequest
@@ -27,6 +27,7 @@ from contract.parallel import ParallelConfig, Parallelism
 from contract.presets import PRESETS, PresetName, lay_over, preset_values
 from contract.rewards import MATH_REWARDS, REWARD_NAMES, RewardSpec
 from contract.sft_spec import SFTConfig, sft_refusal
+from contract.strict import StrictNumbers
 from contract.sync import ReferenceSync, SyncPolicy
 from contract.vllm import VLLMConfig
 
@@ -47,7 +48,7 @@ def variant_of(spec: Mapping[str, Any]) -> str:
     return source + ("+humanline" if spec.get("humanline") else "")
 
 
-class _Strict(BaseModel):
+class _Strict(StrictNumbers):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

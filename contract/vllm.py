@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from contract.strict import StrictNumbers
 
 
-class VLLMConfig(BaseModel):
+class VLLMConfig(StrictNumbers):
     """How the job's vLLM engine is sized and run. One engine per training process, on that
     process's own GPU (see docs/vllm.md)."""
 

@@ -124,12 +124,41 @@ def test_kto_accepts_unpaired_data(client, team_a):
         # SFT has no reference model and no sampled data (contract.sft_spec)
         ({"objective": "sft", "variant": "offline+humanline"}, 422, "variant"),
         ({"objective": "sft", "variant": "online", "max_steps": 4}, 422, "online"),
+        # non-finite floats (JSON Infinity/NaN) and booleans for integers (issue 37)
+        ({"optim": {"weight_decay": float("inf")}}, 422, "optim.weight_decay"),
+        ({"optim": {"max_grad_norm": float("nan")}}, 422, "optim.max_grad_norm"),
+        ({"adapter": {"alpha": float("-inf")}}, 422, "adapter.alpha"),
+        (
+            {
+                "objective": "grpo",
+                "variant": "online",
+                "max_steps": 4,
+                "online": {"temperature": float("inf")},
+            },
+            422,
+            "online.temperature",
+        ),  # fmt: skip
+        (
+            {
+                "objective": "grpo",
+                "variant": "online",
+                "max_steps": 4,
+                "online": {"rewards": [{"name": "format", "weight": float("nan")}]},
+            },
+            422,
+            "online.rewards.0.weight",
+        ),  # fmt: skip
+        ({"parallelism": {"nodes": True}}, 422, "parallelism.nodes"),
+        ({"max_steps": True}, 422, "max_steps"),
+        ({"parallelism": {"hsdp": True}}, 422, "parallelism.hsdp"),
     ],
 )
 def test_bad_specs_are_rejected_with_the_field(
     client, team_a, train_file, queue, db_sessions, overrides, status, field
 ):
-    r = client.post("/v1/jobs", headers=team_a.headers, json=job_body(train_file, **overrides))
+    body = json.dumps(job_body(train_file, **overrides))  # Infinity and NaN as Python writes them
+    headers = {**team_a.headers, "content-type": "application/json"}
+    r = client.post("/v1/jobs", headers=headers, content=body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["message"] and err["request_id"]
