@@ -193,8 +193,10 @@ def batch_logps(
     own = token_logps(model, batch, temperature)
     if batch.aux is None:
         return own
-    with torch.no_grad():
-        aux = token_logps(model, batch.aux, temperature)
+    aux = batch.aux_logps  # scored already, before the step's first loss (trainer.stepwide)
+    if aux is None:
+        with torch.no_grad():
+            aux = token_logps(model, batch.aux, temperature)
     return pad_cat(own, aux)
 
 

@@ -141,6 +141,9 @@ class TokenBatch:
     # Rows the policy scores without a graph (KTO's mismatched pairs, trainer.logps.batch_logps);
     # the reference scores them like any other row.
     aux: TokenBatch | None = None
+    # The policy's no-grad log-probs of `aux`, when the step scored them first (trainer.stepwide:
+    # KTO's z0 over the whole step); batch_logps then does not score them again.
+    aux_logps: torch.Tensor | None = None
     # The sequences of the rows, in order: what a row's log-probs are keyed by when they are
     # kept for later (trainer.reference.Lookahead), whatever micro-batch scored them.
     rows: tuple[TokenSeq, ...] = ()

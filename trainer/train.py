@@ -50,6 +50,7 @@ from trainer.rundata import load_data
 from trainer.runlog import ProgressEvents, RunLog
 from trainer.seeds import derive_seed
 from trainer.stepmetrics import STOP, reduce_step_metrics
+from trainer.stepwide import step_inputs
 from trainer.tokenize import ChatTokenizer, TokenBatch
 
 # Micro-batches of rows the lookahead reference scores in one no-grad forward.
@@ -322,9 +323,8 @@ class Trainer:
         # One autocast region for the step: a weight is cast to the compute precision once per
         # step (autocast caches the casts of leaf weights until the region ends), not per forward.
         with acc.autocast():
-            for m, (mb, batch) in enumerate(zip(micro, batches, strict=True)):
-                scored = batch.to(acc.device)  # once: the reference, the policy and the loss
-                ref = self.reference.logps(step, m, scored)
+            inputs = step_inputs(self, step, micro, batches, ctx)  # refs; z0 and M: whole step
+            for m, (mb, batch, scored, ref) in enumerate(inputs):
                 with self.parallel.accumulate(self.model, sync=m == accum - 1):
                     pol = batch_logps(self.model, scored, spec.logps_temperature)
                     out = self.recipe.loss(pol, ref, scored, mb, self.data.examples, ctx)

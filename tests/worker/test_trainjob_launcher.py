@@ -10,6 +10,7 @@ from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
 from tests.worker.fake_k8s import FakeK8s
 from worker.launchers import LauncherError, LaunchRequest, LaunchState
+from worker.launchers.base import DISRUPTED
 from worker.launchers.trainjob import TrainJobLauncher, trainjob_name
 
 JOB = "3f2a9c1e-8b7d-4e6f-9a0b-1c2d3e4f5a6b"
@@ -107,19 +108,92 @@ def test_failed_carries_reason_and_message(fake_k8s: FakeK8s) -> None:
     )
 
 
-def test_cancel_deletes_foreground_and_missing_then_reappears(fake_k8s: FakeK8s) -> None:
+def test_cancel_deletes_in_the_background_and_missing_then_reappears(fake_k8s: FakeK8s) -> None:
+    """Background propagation: Trainer <= v2.3 can re-create a foreground-deleted TrainJob's
+    JobSet beside the retry (the fake does, `recreate_on_foreground`); nothing is left here."""
+    fake_k8s.recreate_on_foreground = True
     tj = launcher(fake_k8s)
     name = tj.submit(request())
     fake_k8s.set_pods(name, ["Running", "Running"])
     tj.cancel(name)
     deletes = [r for r in fake_k8s.requests if r[0] == "DELETE"]
-    assert deletes[-1][2]["propagationPolicy"] == "Foreground"
+    assert deletes[-1][2]["propagationPolicy"] == "Background"
+    assert fake_k8s.pods == {}
     assert tj.poll(name).state == LaunchState.MISSING
     assert tj.logs(name) == ""
     tj.cancel(name)  # 404 is fine
     tj.cleanup(name)
     assert tj.submit(request()) == name  # resubmitted after delete: it reappears
     assert tj.poll(name).state == LaunchState.PENDING
+
+
+def test_a_trainjob_in_its_deletion_window_is_not_adopted(fake_k8s: FakeK8s) -> None:
+    fake_k8s.deletion_window = 2  # the DELETE, the POST and the GET of the adoption
+    tj = launcher(fake_k8s)
+    name = tj.submit(request())
+    tj.cancel(name)
+    assert fake_k8s.trainjob(name)["metadata"]["deletionTimestamp"]
+    with pytest.raises(LauncherError, match="still being deleted"):
+        tj.submit(request())
+    assert tj.poll(name).state == LaunchState.MISSING  # gone once the window passed
+
+
+def test_a_cpu_job_asks_for_no_gpu_and_its_requests(fake_k8s: FakeK8s) -> None:
+    cpu = LaunchRequest(
+        job_id=JOB, attempt=1, nodes=2, processes_per_node=2, args=["-m", "trainer"],
+        requests={"cpu": "2", "memory": "10Gi"},
+    )  # fmt: skip
+    body = launcher(fake_k8s).manifest(cpu)
+    assert body["spec"]["trainer"]["resourcesPerNode"] == {
+        "requests": {"cpu": "2", "memory": "10Gi", "nvidia.com/gpu": "0"},
+        "limits": {"nvidia.com/gpu": "0"},
+    }
+    assert TrainerV1alpha1TrainJob.from_dict(body).to_dict() == body
+
+
+def test_a_jobset_that_cannot_be_created_fails_with_the_events_reason(fake_k8s: FakeK8s) -> None:
+    """No condition, no pod: only Trainer's Event says why (PodSecurity, quota, webhook)."""
+    tj = launcher(fake_k8s, queue=None)
+    name = tj.submit(request())
+    status = tj.poll(name)
+    assert status.state == LaunchState.STARTING and status.message is None
+    fake_k8s.creation_fails(name, 'pods "x" is forbidden: violates PodSecurity "restricted"')
+    status = tj.poll(name)
+    assert (status.state, status.reason) == (LaunchState.FAILED, "TrainJobResourcesCreationFailed")
+    assert "PodSecurity" in status.message
+
+
+def test_events_that_cannot_be_read_leave_it_starting(fake_k8s: FakeK8s) -> None:
+    tj = launcher(fake_k8s, queue=None)
+    name = tj.submit(request())
+    fake_k8s.fail(403, path="/events", times=1)  # no RBAC for events: the deadline decides
+    assert tj.poll(name).state == LaunchState.STARTING
+
+
+def test_a_disrupted_pod_makes_the_failure_a_disruption(fake_k8s: FakeK8s) -> None:
+    tj = launcher(fake_k8s)
+    name = tj.submit(request())
+    drained = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+               "message": "Eviction API: evicting"}  # fmt: skip
+    fake_k8s.set_pods(name, ["Failed", "Failed"], conditions=[drained])
+    fake_k8s.fail_jobs(name, "jobset failed")
+    status = tj.poll(name)
+    assert (status.state, status.reason) == (LaunchState.FAILED, DISRUPTED)
+    assert "EvictionByEvictionAPI" in status.message
+
+
+def test_list_launches_and_the_kueue_reason_of_a_wait(fake_k8s: FakeK8s) -> None:
+    tj = launcher(fake_k8s)
+    name = tj.submit(request())
+    fake_k8s.trainjobs[("default", "theirs")] = {"metadata": {"name": "theirs", "labels": {}}}
+    assert tj.list_launches() == [(name, JOB, 1)]
+    assert "no Workload" in tj.waiting_reason(name)
+    quota = "couldn't assign flavors to pod set node: insufficient quota for nvidia.com/gpu"
+    fake_k8s.workload(name, [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                              "message": quota}])  # fmt: skip
+    assert tj.waiting_reason(name) == f"Kueue: Pending: {quota}"
+    fake_k8s.fail(403, path="/workloads", times=1)
+    assert tj.waiting_reason(name) == ""
 
 
 def test_vanished_trainjob_is_missing(fake_k8s: FakeK8s) -> None:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from contract.spec import DPOConfig, HumanlineParams
-from trainer.losses.humanline import sequence_rewards, token_log_ratios
+from trainer.losses.humanline import Draws, sequence_rewards, token_log_ratios
 from trainer.losses.types import LossOutput, detached
 
 
@@ -20,7 +20,7 @@ def dpo_loss(
     cfg: DPOConfig,
     humanline: HumanlineParams | None = None,
     length_normalize: bool = False,
-    generator: torch.Generator | None = None,
+    generator: Draws = None,
 ) -> LossOutput:
     """Mean over pairs of ``−log σ(β (R_w − R_l))``.
 

@@ -18,25 +18,77 @@ per token *before* any loss sees the log-ratio, and the objectives never branch 
   means and sampling rejects exactly what clip clamps: to sample *around* a clip range, set
   those four from log_eps_P/R (ε = exp(log_eps)) and a fixed M; with the defaults (M =
   ``batch_max``, the authors' Beta parameters) log_eps_P/R play no part in sample mode.
+
+In training the trainer passes a :class:`RowDraws` where a generator goes (DPO, KTO): M is then
+the batch maximum over the step's *whole* batch (every micro-batch, every rank) and each
+token's draws are tied to its example and position, so a job gives the same result whatever
+its micro-batch split (trainer.stepwide; issue 38). A generator (GRPO, unit tests) keeps the
+per-call maximum and draws in call order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
 from contract.spec import HumanlineParams
 
+
+@dataclass
+class StepDraws:
+    """Sample mode over one step's whole batch (trainer.stepwide builds it once a step).
+
+    `log_mp`, `log_mr`: log M_P and log M_R, 0-d float64, the bounds every call of the step
+    uses. `log_bp`, `log_br`: [CALLS × len(share), width] float64 log Beta draws: row slot
+    `c × len(share) + i` holds the draws of the i-th example of this process's share of the
+    step (`share`: dataset index -> i) in its micro-batch's c-th call (DPO: chosen, then
+    rejected; KTO: the rows, then the mismatched rows), one per completion token in order."""
+
+    CALLS = 2
+    log_mp: torch.Tensor
+    log_mr: torch.Tensor
+    log_bp: torch.Tensor
+    log_br: torch.Tensor
+    share: dict[int, int]
+
+    def micro(self, indices: Sequence[int]) -> RowDraws:
+        """The draws of a micro-batch of these examples (dataset indices, in its order)."""
+        slots = torch.tensor([self.share[i] for i in indices], device=self.log_bp.device)
+        return RowDraws(self, slots)
+
+
+class RowDraws:
+    """One micro-batch's view of a StepDraws: each call of token_log_ratios takes the next
+    call's slots (a generator's place, so the losses pass it on unchanged)."""
+
+    def __init__(self, step: StepDraws, slots: torch.Tensor):
+        self.step, self.slots, self.calls = step, slots, 0
+
+    def take(self, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] log B_P and log B_R for the next call's rows: a row's j-th kept token
+        (its j-th completion token, whatever the padding) gets draw j of its slot."""
+        if self.calls >= StepDraws.CALLS or keep.shape[0] != self.slots.numel():
+            raise RuntimeError("humanline draws asked for rows the step did not draw")
+        slots = self.slots + self.calls * len(self.step.share)
+        self.calls += 1
+        # the j-th kept token's column among the width drawn (padding takes any; it is masked)
+        j = (keep.long().cumsum(-1) - 1).clamp(0, self.step.log_bp.shape[1] - 1)
+        return self.step.log_bp[slots].gather(1, j), self.step.log_br[slots].gather(1, j)
+
+
+Draws: TypeAlias = torch.Generator | RowDraws | None  # a generator, or the step's draws
 _Humanline = Callable[
-    [torch.Tensor, torch.Tensor, HumanlineParams, torch.Generator | None],
+    [torch.Tensor, torch.Tensor, HumanlineParams, Draws],
     tuple[torch.Tensor, torch.Tensor],
 ]
 
 
 def _clip(
-    raw: torch.Tensor, keep: torch.Tensor, hp: HumanlineParams, generator: torch.Generator | None
+    raw: torch.Tensor, keep: torch.Tensor, hp: HumanlineParams, generator: Draws
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clamp in log space (more precise than clamping the ratio); strict bounds mark clamping."""
     rejected = (raw < hp.log_eps_P) | (raw > hp.log_eps_R)
@@ -71,16 +123,21 @@ def _log_bound(m: float | str, log_ratio: torch.Tensor, keep: torch.Tensor) -> t
 
 
 def _sample(
-    raw: torch.Tensor, keep: torch.Tensor, hp: HumanlineParams, generator: torch.Generator | None
+    raw: torch.Tensor, keep: torch.Tensor, hp: HumanlineParams, generator: Draws
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Humanline sampling, compared in log space: ``raw < log M_P + log B_P`` or ``−raw < ...``.
 
     B_P is drawn for every token before B_R, so a seeded generator gives the same rejections.
+    A RowDraws brings the step's draws and bounds instead (see the module docstring).
     """
-    log_bp = _beta(hp.gamma_P, hp.beta_P, raw, generator).log()
-    log_br = _beta(hp.gamma_R, hp.beta_R, raw, generator).log()
     r64 = raw.detach().double()
-    log_mp, log_mr = _log_bound(hp.M_P, r64, keep), _log_bound(hp.M_R, -r64, keep)
+    if isinstance(generator, RowDraws):
+        log_bp, log_br = generator.take(keep)
+        log_mp, log_mr = generator.step.log_mp, generator.step.log_mr
+    else:
+        log_bp = _beta(hp.gamma_P, hp.beta_P, raw, generator).log()
+        log_br = _beta(hp.gamma_R, hp.beta_R, raw, generator).log()
+        log_mp, log_mr = _log_bound(hp.M_P, r64, keep), _log_bound(hp.M_R, -r64, keep)
     rejected = (r64 < log_mp + log_bp) | (-r64 < log_mr + log_br)
     return torch.where(rejected, raw.detach(), raw), rejected
 
@@ -93,7 +150,7 @@ def token_log_ratios(
     lp_ref: torch.Tensor,
     mask: torch.Tensor,
     humanline: HumanlineParams | None,
-    generator: torch.Generator | None = None,
+    generator: Draws = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token ``log π − log π_ref`` [B, T], humanline-clipped or -sampled when asked.
 
@@ -101,7 +158,8 @@ def token_log_ratios(
     completion tokens clamped (clip) or rejected (sample). Masked positions may hold anything
     (padding, ``-inf``): ``torch.where`` drops them before any arithmetic reaches the loss and
     routes them a zero gradient. ``generator`` drives the Beta draws of ``sample`` mode (it must
-    live on the tensors' device; None uses the global RNG); ``clip`` draws nothing.
+    live on the tensors' device; None uses the global RNG), or is a RowDraws (the step's
+    draws and bounds); ``clip`` draws nothing.
     """
     keep = mask.bool()
     raw = torch.where(keep, lp_pol - lp_ref, 0.0)
@@ -132,3 +190,37 @@ def sequence_rewards(
 def clamp_fraction(rejected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Fraction of completion tokens that humanline clamped or rejected (0 for an empty mask)."""
     return rejected.sum() / mask.bool().sum().clamp(min=1)
+
+
+def draw_step(
+    hp: HumanlineParams,
+    tops: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    share: dict[int, int],
+    width: int,
+    generator: torch.Generator | None,
+    reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> StepDraws:
+    """A step's StepDraws: `tops` holds each micro-batch's largest log-ratio and largest
+    negated log-ratio over its kept tokens (`ratio_tops`); `reduce_max` takes the maximum over
+    the ranks. Draws every slot's `width` B_P first, then B_R, from `generator`."""
+    top = torch.stack([torch.stack(t) for t in tops]).amax(0)  # [2]: M_P's, M_R's
+    if reduce_max is not None:
+        top = reduce_max(top)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # nothing kept: 0
+    bounds = [top[i] if m == "batch_max" else top.new_tensor(math.log(float(m)))
+              for i, m in enumerate((hp.M_P, hp.M_R))]  # fmt: skip
+    like = torch.empty(StepDraws.CALLS * len(share), width, device=top.device)
+    log_bp = _beta(hp.gamma_P, hp.beta_P, like, generator).log()
+    log_br = _beta(hp.gamma_R, hp.beta_R, like, generator).log()
+    return StepDraws(bounds[0], bounds[1], log_bp, log_br, share)
+
+
+def ratio_tops(
+    lp_pol: torch.Tensor, lp_ref: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, max of the negation) of ``log π − log π_ref`` over the kept tokens, float64
+    (-inf when none is kept): one micro-batch's part of the step's M_P and M_R."""
+    keep = mask.bool()
+    r64 = (lp_pol - lp_ref).detach().double()
+    inf = float("-inf")
+    return torch.where(keep, r64, inf).amax(), torch.where(keep, -r64, inf).amax()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from contract.spec import HumanlineParams, KTOConfig
-from trainer.losses.humanline import clamp_fraction, sequence_rewards, token_log_ratios
+from trainer.losses.humanline import Draws, clamp_fraction, sequence_rewards, token_log_ratios
 from trainer.losses.types import LossOutput, detached
 
 
@@ -22,8 +22,9 @@ def kto_loss(
     cfg: KTOConfig,
     humanline: HumanlineParams | None = None,
     length_normalize: bool = False,
-    generator: torch.Generator | None = None,
+    generator: Draws = None,
     kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    z0: torch.Tensor | None = None,
 ) -> LossOutput:
     """Mean over examples of ``λ_D (1 − σ(β (R − z0)))`` (desirable) or ``λ_U (1 − σ(β (z0 − R)))``.
 
@@ -35,7 +36,9 @@ def kto_loss(
     rejected entirely does not pull z0 towards 0. Its rewards get the same humanline treatment
     and the same length normalisation as R, so both live on one scale. ``kl_reduce`` maps the
     local [B] mismatched rewards to the tensor reduced (the recipe passes an all-gather under DDP
-    so every rank uses the same z0); the default is the local batch.
+    so every rank uses the same z0); the default is the local batch. A given ``z0`` (the
+    trainer's, over the step's whole batch: `reference_point`) is used as is, and ``kl_*``
+    are then not read.
 
     Metrics: ``kl`` is z0; ``rewards/chosen`` and ``rewards/rejected`` are means of β·R over the
     desirable and undesirable examples (TRL's convention), left out when the batch has none;
@@ -43,11 +46,9 @@ def kto_loss(
     """
     r, clamped = token_log_ratios(pol, ref, mask, humanline, generator)
     reward = sequence_rewards(r, mask, length_normalize)
-    with torch.no_grad():
-        r_kl, _ = token_log_ratios(kl_pol, kl_ref, kl_mask, humanline, generator)
-        kl_rewards = sequence_rewards(r_kl, kl_mask, length_normalize)
-        everyone = kl_reduce(kl_rewards) if kl_reduce is not None else kl_rewards
-        z0 = (everyone.sum() / (everyone != 0).sum().clamp(min=1)).clamp(min=0)
+    if z0 is None:
+        kl = mismatched_rewards(kl_pol, kl_ref, kl_mask, humanline, length_normalize, generator)
+        z0 = reference_point([kl], kl_reduce)
 
     # counted on the host copy the recipe passes (no device sync): it decides which metrics exist
     n_d = int(sum(labels.tolist())) if labels.device.type == "cpu" else None
@@ -76,3 +77,30 @@ def kto_loss(
         if n_u:
             values["rewards/rejected"] = torch.where(desirable, 0.0, beta_reward).sum() / n_u
     return LossOutput(loss=loss, metrics=detached(values))
+
+
+@torch.no_grad()
+def mismatched_rewards(
+    kl_pol: torch.Tensor,
+    kl_ref: torch.Tensor,
+    kl_mask: torch.Tensor,
+    humanline: HumanlineParams | None,
+    length_normalize: bool,
+    generator: Draws = None,
+) -> torch.Tensor:
+    """[M] sequence rewards of mismatched pairs, humanline-treated like R (sample mode only
+    detaches, so its values are the raw ones: a caller may pass humanline None for it)."""
+    r_kl, _ = token_log_ratios(kl_pol, kl_ref, kl_mask, humanline, generator)
+    return sequence_rewards(r_kl, kl_mask, length_normalize)
+
+
+@torch.no_grad()
+def reference_point(
+    rewards: list[torch.Tensor],
+    kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """z0 = max(0, Σ R_kl / #{R_kl ≠ 0}) over every mismatched reward given (all micro-batches
+    of a step), reduced across ranks by `kl_reduce` (an all-gather)."""
+    local = torch.cat(rewards)
+    everyone = kl_reduce(local) if kl_reduce is not None else local
+    return (everyone.sum() / (everyone != 0).sum().clamp(min=1)).clamp(min=0)

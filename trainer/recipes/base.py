@@ -15,6 +15,7 @@ import torch
 
 from contract.spec import HumanlineParams, JobSpec
 from trainer.losses import LossOutput
+from trainer.losses.humanline import Draws, StepDraws
 from trainer.plan import MicroBatch
 from trainer.tokenize import ChatTokenizer, TokenBatch, TokenSeq, collate
 
@@ -24,7 +25,7 @@ class SequenceOptions(TypedDict):
 
     humanline: HumanlineParams | None
     length_normalize: bool
-    generator: torch.Generator | None
+    generator: Draws
 
 
 @dataclass
@@ -34,12 +35,19 @@ class LossContext:
     generator: torch.Generator | None = None
     token_normalizer: float | None = None  # token-level objectives: global tokens per process
     kl_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # gathers across ranks
+    # over the step's whole batch, whatever its split (trainer.stepwide): KTO's reference point
+    # and humanline sample mode's bounds and draws
+    z0: torch.Tensor | None = None
+    draws: StepDraws | None = None
 
-    def sequence_options(self) -> SequenceOptions:
+    def sequence_options(self, mb: MicroBatch | None = None) -> SequenceOptions:
+        """The sequence losses' keywords for micro-batch `mb`: the step's draws where the
+        trainer made them (sample mode), else the step's generator."""
+        draws = self.draws.micro(mb.indices) if self.draws is not None and mb else None
         return SequenceOptions(
             humanline=self.humanline,
             length_normalize=self.length_normalize,
-            generator=self.generator,
+            generator=draws if draws is not None else self.generator,
         )
 
 
@@ -92,6 +100,13 @@ class Recipe(Protocol):
         ctx: LossContext,
     ) -> LossOutput: ...
 
+    # What the loss needs from the step's whole batch before any micro-batch's loss (KTO's
+    # z0), from every micro-batch's device batch (the aux rows' policy log-probs filled in)
+    # and reference log-probs (trainer.stepwide).
+    def whole_step(
+        self, batches: Sequence[TokenBatch], refs: Sequence[torch.Tensor], ctx: LossContext
+    ) -> None: ...
+
 
 C = TypeVar("C")
 
@@ -112,6 +127,11 @@ class ObjectiveRecipe(Generic[C]):
         self, examples: Sequence[Any], mb: MicroBatch, chat: ChatTokenizer
     ) -> list[TokenSeq]:
         return []
+
+    def whole_step(
+        self, batches: Sequence[TokenBatch], refs: Sequence[torch.Tensor], ctx: LossContext
+    ) -> None:
+        pass
 
     def collate(
         self, rows: Sequence[TokenSeq], pad_id: int, share_prompts: bool | str

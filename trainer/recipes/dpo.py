@@ -45,5 +45,5 @@ class DPORecipe(ObjectiveRecipe[DPOConfig]):
             ref[n:],
             mask[n:],
             self.cfg,
-            **ctx.sequence_options(),
+            **ctx.sequence_options(mb),
         )

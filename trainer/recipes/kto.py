@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from contract.spec import KTOConfig
-from trainer.losses.kto import kto_loss
+from trainer.losses.kto import kto_loss, mismatched_rewards, reference_point
 from trainer.online.pairs import dpo_pairs
 from trainer.recipes.base import LossContext, ObjectiveRecipe, build_pairs, fit_pair
 from trainer.tokenize import TokenSeq
@@ -87,6 +88,21 @@ class KTORecipe(ObjectiveRecipe[KTOConfig]):
             ref[n:],
             mask[n:],
             self.cfg,
-            **ctx.sequence_options(),
+            **ctx.sequence_options(mb),
             kl_reduce=ctx.kl_reduce,
+            z0=ctx.z0,
         )
+
+    def whole_step(self, batches, refs, ctx: LossContext) -> None:
+        """z0 over the step's whole batch (every micro-batch; every rank through kl_reduce), so
+        the split does not change it (issue 38): from the mismatched rows' log-probs the step
+        scored first (`aux_logps`). Sample mode's treatment only detaches: raw values."""
+        humanline = ctx.humanline if ctx.humanline and ctx.humanline.mode == "clip" else None
+        rewards = []
+        for batch, ref in zip(batches, refs, strict=True):
+            assert batch.aux is not None and batch.aux_logps is not None
+            n = batch.mask.shape[0]
+            mask = batch.row_mask().to(ref.device)[n:]
+            pol = F.pad(batch.aux_logps, (0, ref.shape[1] - batch.aux_logps.shape[1]))  # to W
+            rewards.append(mismatched_rewards(pol, ref[n:], mask, humanline, ctx.length_normalize))
+        ctx.z0 = reference_point(rewards, ctx.kl_reduce)

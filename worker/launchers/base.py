@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+DISRUPTED = "Disrupted"  # LaunchStatus.reason of a launch a disruption ended (drain, preemption)
+
 
 class LauncherError(Exception):
     """The launcher could not do what was asked (the cluster refused, or stayed unreachable
@@ -53,6 +55,7 @@ class LaunchRequest:
     env: dict[str, str] = field(default_factory=dict)
     gpus_per_node: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    requests: dict[str, str] = field(default_factory=dict)  # per node: cpu, memory
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,30 @@ LauncherError; any other 4xx raises LauncherError at once.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from worker.launchers.base import LauncherError, LaunchRequest, LaunchState, LaunchStatus
+from worker.launchers import trainjob_explain as explain
+from worker.launchers.base import (
+    DISRUPTED,
+    LauncherError,
+    LaunchRequest,
+    LaunchState,
+    LaunchStatus,
+)
+from worker.launchers.k8s import (
+    LABEL_VALUE,
+    MAX_NAME,
+    api_message,
+    default_client,
+    trainjob_name,
+    transient,
+)
 
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -46,30 +59,8 @@ REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
-MAX_NAME = 63
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 T = TypeVar("T")
-
-
-def trainjob_name(job_id: str, attempt: int) -> str:
-    """An RFC 1035 label (lowercase alphanumerics and '-', starts with a letter, ends with an
-    alphanumeric, <= 63 chars) decided by (job id, attempt) alone. A name that had to be
-    shortened or cleaned keeps a hash of the exact pair, so two pairs never share one."""
-    raw = f"hl-{job_id}-a{attempt}"
-    clean = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw.lower())).strip("-")
-    if clean == raw and len(clean) <= MAX_NAME:
-        return clean
-    digest = hashlib.sha256(f"{job_id}\0{attempt}".encode()).hexdigest()[:10]
-    tail = f"-a{attempt}-{digest}"
-    head = clean[: MAX_NAME - len(tail)].rstrip("-")
-    return f"{head}{tail}"
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
-        return exc.status in (0, None, 429) or exc.status >= 500
-    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -93,7 +84,7 @@ class TrainJobLauncher:
     ):
         self.namespace, self.runtime, self.image, self.queue = namespace, runtime, image, queue
         self.timeout_s, self.tries, self.backoff_s = timeout_s, tries, backoff_s
-        api = api_client or _default_client()
+        api = api_client or default_client()
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
 
@@ -105,7 +96,7 @@ class TrainJobLauncher:
     def manifest(self, request: LaunchRequest) -> dict[str, Any]:
         """The TrainJob for `request` (validated against the Trainer's API types in tests)."""
         for value in (request.job_id, *request.labels.values()):
-            if not _LABEL_VALUE.match(value) or len(value) > MAX_NAME:
+            if not LABEL_VALUE.match(value) or len(value) > MAX_NAME:
                 raise LauncherError(f"{value!r} is not a valid Kubernetes label value")
         labels = {**request.labels, JOB_LABEL: request.job_id, ATTEMPT_LABEL: str(request.attempt)}
         trainer: dict[str, Any] = {
@@ -117,12 +108,9 @@ class TrainJobLauncher:
         }
         if self.image:
             trainer["image"] = self.image
-        if request.gpus_per_node:
-            gpus = str(request.gpus_per_node)
-            trainer["resourcesPerNode"] = {
-                "requests": {"nvidia.com/gpu": gpus},
-                "limits": {"nvidia.com/gpu": gpus},
-            }
+        # GPUs always said, 0 included: else a CPU job gets the runtime's 8 GPUs per node
+        gpus = {"nvidia.com/gpu": str(request.gpus_per_node)}
+        trainer["resourcesPerNode"] = {"requests": {**request.requests, **gpus}, "limits": gpus}
         spec: dict[str, Any] = {
             "runtimeRef": {"apiGroup": GROUP, "kind": RUNTIME_KIND, "name": self.runtime},
             "trainer": trainer,
@@ -173,6 +161,9 @@ class TrainJobLauncher:
         return name
 
     def poll(self, name: str) -> LaunchStatus:
+        """Its conditions (Complete, Failed, Suspended), then its pods; a Failed one with a
+        disrupted pod is DISRUPTED; an admitted one with missing pods reads the Warnings:
+        a creation failure fails it at once, others name the wait (trainjob_explain)."""
         obj = self._get(name)
         if obj is None:
             return LaunchStatus(LaunchState.MISSING, message=f"TrainJob {name} does not exist")
@@ -182,6 +173,10 @@ class TrainJobLauncher:
         total = nodes * per_node
         for kind, state in (("Complete", LaunchState.SUCCEEDED), ("Failed", LaunchState.FAILED)):
             cond = _condition(obj, kind)
+            if cond is not None and kind == "Failed":
+                disrupted = explain.disruption(self._pods(name))
+                if disrupted is not None:
+                    return LaunchStatus(state, DISRUPTED, disrupted, ranks_total=total)
             if cond is not None:
                 return LaunchStatus(
                     state, cond.get("reason"), cond.get("message"), ranks_total=total
@@ -194,10 +189,55 @@ class TrainJobLauncher:
         if cond is not None or (obj.get("spec") or {}).get("suspend"):
             reason, message = (cond or {}).get("reason"), (cond or {}).get("message")
             return LaunchStatus(LaunchState.PENDING, reason, message, ranks_total=total)
-        running = sum(1 for pod in self._pods(name) if pod.status and pod.status.phase == "Running")
+        pods = self._pods(name)
+        running = sum(1 for pod in pods if pod.status and pod.status.phase == "Running")
         ranks = min(running, nodes) * per_node
-        state = LaunchState.RUNNING if running >= nodes else LaunchState.STARTING
-        return LaunchStatus(state, ranks_running=ranks, ranks_total=total)
+        if running >= nodes:
+            return LaunchStatus(LaunchState.RUNNING, ranks_running=ranks, ranks_total=total)
+        warnings = [*self._warnings(name), *explain.pod_waiting(pods)]
+        failed = explain.creation_failure(warnings)
+        if failed is not None:
+            return LaunchStatus(LaunchState.FAILED, *failed, ranks_running=ranks, ranks_total=total)
+        why = explain.summary(warnings)
+        return LaunchStatus(LaunchState.STARTING, None, why, ranks, total)
+
+    def list_launches(self) -> list[tuple[str, str, int]]:
+        """(name, job id, attempt) of every TrainJob of ours (labelled) in the namespace."""
+        result = self._call(
+            "list TrainJobs",
+            lambda t: self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, label_selector=JOB_LABEL,
+                _request_timeout=t,
+            ),
+        )  # fmt: skip
+        out = []
+        for obj in _items(result):
+            meta = obj.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            if str(labels.get(ATTEMPT_LABEL, "")).isdigit():
+                out.append((str(meta["name"]), str(labels[JOB_LABEL]), int(labels[ATTEMPT_LABEL])))
+        return out
+
+    def waiting_reason(self, name: str) -> str:
+        """Why the TrainJob is not admitted: its Kueue Workload's reason (trainjob_explain);
+        "" when the Workload cannot be read (no RBAC for it, or no Kueue)."""
+        obj = self._get(name)
+        uid = ((obj or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            return ""
+        try:
+            result = self._call(
+                f"list the Kueue Workloads of TrainJob {name}",
+                lambda t: self.custom.list_namespaced_custom_object(
+                    explain.WORKLOAD_GROUP, explain.WORKLOAD_VERSION, self.namespace,
+                    explain.WORKLOADS, label_selector=f"{explain.WORKLOAD_JOB_UID}={uid}",
+                    _request_timeout=t,
+                ),
+                missing_ok=True,
+            )  # fmt: skip
+        except (_Missing, LauncherError):
+            return ""
+        return explain.workload_reason(_items(result))
 
     def cancel(self, name: str) -> None:
         self._delete(name)
@@ -248,8 +288,25 @@ class TrainJobLauncher:
         )
         return list(result.items or [])
 
+    def _warnings(self, name: str) -> list[tuple[str, str]]:
+        """The Warning events of the TrainJob's objects; none when they cannot be read (the
+        worker's Role lacks events: the start deadline still ends the attempt)."""
+        try:
+            result = self._call(
+                f"list the events of TrainJob {name}",
+                lambda t: self.core.list_namespaced_event(
+                    self.namespace, field_selector="type=Warning", _request_timeout=t
+                ),
+            )
+        except LauncherError:
+            return []
+        return explain.warnings_of(list(result.items or []), name)
+
     def _delete(self, name: str) -> None:
-        options = client.V1DeleteOptions(propagation_policy="Foreground")
+        # Background, not Foreground: through Trainer v2.3 a TrainJob deleted in the
+        # foreground can have its JobSet re-created beside the retry (kubeflow/trainer#2981,
+        # #3737, #3779); the garbage collector removes the JobSet and pods after it is gone
+        options = client.V1DeleteOptions(propagation_policy="Background")
         try:
             self._call(
                 f"delete TrainJob {name}",
@@ -272,7 +329,7 @@ class TrainJobLauncher:
         """`fn(timeout)` with bounded retries of transient failures; 404/409 become _Missing /
         _Conflict where the caller handles them, anything else a LauncherError."""
         retrying = Retrying(
-            retry=retry_if_exception(_transient),
+            retry=retry_if_exception(transient),
             stop=stop_after_attempt(self.tries),
             wait=wait_exponential(multiplier=self.backoff_s, max=8 * self.backoff_s),
             reraise=True,
@@ -284,10 +341,10 @@ class TrainJobLauncher:
                 raise _Missing from exc
             if conflict_ok and exc.status == 409:
                 raise _Conflict from exc
-            tried = f" after {self.tries} tries" if _transient(exc) else ""
+            tried = f" after {self.tries} tries" if transient(exc) else ""
             raise LauncherError(
                 f"Kubernetes refused to {what} in namespace {self.namespace}{tried}: "
-                f"HTTP {exc.status} {exc.reason}: {_api_message(exc)}"
+                f"HTTP {exc.status} {exc.reason}: {api_message(exc)}"
             ) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise LauncherError(
@@ -297,33 +354,18 @@ class TrainJobLauncher:
             ) from exc
 
 
+def _items(result: Any) -> list[dict[str, Any]]:
+    """The items of a custom objects' list (a dict)."""
+    items = result.get("items") if isinstance(result, dict) else None
+    return [i for i in items or [] if isinstance(i, dict)]
+
+
 class _Missing(Exception):
     pass
 
 
 class _Conflict(Exception):
     pass
-
-
-def _api_message(exc: ApiException) -> str:
-    import json
-
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.body or "")
-    except (ValueError, AttributeError):
-        return str(exc.body or "")
-
-
-def _default_client() -> client.ApiClient:
-    """In-cluster credentials when the worker runs in a pod, else the kubeconfig. urllib3's own
-    retries are off: the launcher's bounded retries are the only ones."""
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)
-    cfg.retries = 0
-    return client.ApiClient(cfg)
 
 
 def trainjob_launcher(settings: Any) -> TrainJobLauncher:
