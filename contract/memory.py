@@ -223,8 +223,9 @@ def estimate_training_memory(
         # the head's transient and a layer's backward come one after the other, not together:
         # the step's peak is the larger of the two (the head's saves are held throughout)
         keep = keeps_softmax(spec, shape, checkpointing)
-        aux_kept = aux * (length - spec.max_prompt_length)  # KTO's no-grad rows' positions
-        held, head = _chunked_logits(spec, shape, kept, low, stream, lora, keep, aux_kept)
+        # KTO's no-grad rows are scored before the step's first graph (trainer.stepwide) and
+        # keep nothing (trainer.chunked_logps): they add nothing to the step's peak
+        held, head = _chunked_logits(spec, shape, kept, low, stream, lora, keep)
         logits = held + max(0, head - backward)
     else:
         temperature = 4 if spec.logps_temperature != 1.0 else 0
@@ -281,14 +282,7 @@ def keeps_softmax(spec: JobSpec, shape: ModelShape, checkpointing: bool) -> bool
 
 
 def _chunked_logits(
-    spec: JobSpec,
-    shape: ModelShape,
-    kept: int,
-    low: int,
-    stream: int,
-    lora: bool,
-    keep: bool,
-    aux_kept: int = 0,
+    spec: JobSpec, shape: ModelShape, kept: int, low: int, stream: int, lora: bool, keep: bool
 ) -> tuple[int, int]:
     """trainer.chunked_logps: `chunk` tokens' logits at a time (fp32 ≤ LOGPS_CHUNK_BYTES).
     Forward: the chunk's matmul output, its fp32 copy and logsumexp's exp. Backward: the chunk
@@ -297,10 +291,8 @@ def _chunked_logits(
     backward: the hidden states it projects and one fp32 logsumexp per token. With `keep`,
     every kept token's fp32 softmax too, from the forward's end until the head's backward has
     run (autograd frees a node's saves then, before the layers' backward), and no recompute:
-    counted as the head's transient, not as held. KTO's `aux_kept` mismatched positions are
-    scored under no_grad after the graph's forward (trainer.logps.batch_logps): a forward
-    chunk of their own (nothing kept: no graph), beside the graph's kept softmax if any.
-    Returns (kept for backward, the larger of the forward's and the backward's transients)."""
+    counted as the head's transient, not as held. Returns (kept for backward, the larger of
+    the forward's and the backward's transients)."""
     v, h = shape.vocab_size, shape.hidden_size
     chunk = min(kept, max(LOGPS_MIN_CHUNK, LOGPS_CHUNK_BYTES // (4 * v)))
     forward = chunk * v * (low + 4 + 4)
@@ -310,9 +302,6 @@ def _chunked_logits(
         forward = backward = kept * v * 4 + chunk * v * low
     if not lora:  # the head trains: its gradient summed in fp32, the cast weight, the product
         backward += v * h * (4 + 2 * low)
-    if aux_kept:  # KTO's no-grad rows: one chunk's product and fp32 logits (exp in place)
-        aux_chunk = min(aux_kept, max(LOGPS_MIN_CHUNK, LOGPS_CHUNK_BYTES // (4 * v)))
-        forward = max(forward, aux_chunk * v * (low + 4) + (kept * v * 4 if keep else 0))
     return saved, max(forward, backward)
 
 

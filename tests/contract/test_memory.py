@@ -415,19 +415,18 @@ def test_a_kept_softmax_is_priced_until_the_heads_backward(monkeypatch):
     assert keep - again > 300e6  # what the step time's saving costs in memory, here (~0.38 GB)
 
 
-def test_ktos_no_grad_rows_are_priced_beside_a_kept_softmax():
-    """KTO full FT fp32 on a GPU, SmolLM2's shape: the mismatched rows are scored under no_grad
-    after the graph's forward, while its kept softmax is held. They keep nothing themselves
-    (trainer.chunked_logps; tests/trainer/test_no_grad_keeps_nothing.py), but their forward
-    projects a chunk of its own (fp32: its logits, 4·V a token, the exp taken in place): with
-    1365 tokens a chunk that is above the head's fp32 weight gradient the backward adds."""
+def test_ktos_no_grad_rows_add_nothing_to_the_steps_head():
+    """KTO full FT fp32 on a GPU, SmolLM2's shape (the softmax kept). The mismatched rows'
+    policy log-probs are scored under no_grad for the whole step before its first graph
+    (trainer.stepwide: z0 over the step) and keep nothing (trainer.chunked_logps, even with
+    keep_softmax: tests/trainer/test_no_grad_keeps_nothing.py). Issue 38 found them scored
+    while the graph's softmax was held, each keeping its own fp32 softmax too (0.4 GB more
+    here, in no part of the estimate); now the head's part is the graph's alone."""
     job = spec(objective="kto", batch_size=8, max_length=512, max_prompt_length=256)
     shape = BUILTIN_SHAPES["smollm2-135m-instruct"]
     v, h = shape.vocab_size, shape.hidden_size
     assert keeps_softmax(job, shape, False)
     kept, layer = 8 * 256, 8 * 512 * layer_bytes(shape, job, 512)
-    chunk = LOGPS_CHUNK_BYTES // (4 * v)
-    assert chunk == 1365 and chunk * v * 4 > v * h * 4
     held = kept * (4 * h + 4)
     est = estimate_training_memory(job, shape, device="cuda").parts["logits"]
-    assert est == held + max(0, kept * v * 4 + chunk * v * 4 - layer)
+    assert est == held + max(0, kept * v * 4 + v * h * 4 - layer)
