@@ -32,6 +32,7 @@ from contract.records import RecordError as RecordError
 from contract.records import RecordErrors as RecordErrors
 from contract.records import each as _each
 from contract.records import messages as _messages
+from contract.records import no_lone_surrogates
 from contract.records import text as _text
 from contract.records import text_or_messages as _text_or_messages
 from contract.sft_data import is_sft, parse_sft
@@ -290,6 +291,7 @@ def parse_record(raw: bytes | str, fmt: Format | None) -> tuple[Format, dict, se
         raise RecordError("(json)", "nested too deeply") from None
     if not isinstance(obj, dict):
         raise RecordError("(json)", "each line must be a JSON object")
+    no_lone_surrogates(raw, obj)
     line_fmt = detect_format(obj)
     if fmt is not None and line_fmt != fmt:
         raise _mixed(obj, line_fmt, fmt)

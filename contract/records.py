@@ -14,6 +14,11 @@ ROLES = ("system", "user", "assistant", "tool")
 VISIBLE = re.compile(r"[^\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]")
 
 
+# A JSON escape of a UTF-16 surrogate: json.loads turns an unpaired one into a lone
+# surrogate, text no tokenizer (nor UTF-8) can encode. Only lines holding one are walked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 class RecordError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
@@ -82,3 +87,32 @@ def messages(value: Any, name: str) -> list[dict[str, str]]:
 
 def text_or_messages(value: Any, name: str) -> str | list[dict[str, str]]:
     return messages(value, name) if isinstance(value, list) else text(value, name)
+
+
+def no_lone_surrogates(raw: str, obj: Any) -> None:
+    """Refuse a record holding a lone UTF-16 surrogate (`"\\ud800x"`) anywhere, a key or a
+    value, naming its field: it would pass here and fail every job at tokenization."""
+    if _SURROGATE_ESCAPE.search(raw) is None:
+        return
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            _encodable(value, where or "(json)")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _encodable(key, f"{where}.{key!r}" if where else repr(key))
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+
+
+def _encodable(value: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordError(
+            where,
+            f"holds a lone UTF-16 surrogate (\\u{ord(value[exc.start]):04x}) at character "
+            f"{exc.start}: not valid Unicode; escape a character outside the BMP as a pair",
+        ) from None

@@ -136,6 +136,23 @@ BAD_UPLOADS = {
         1,
         "prompt[0].role",
     ),
+    # json.loads makes "\ud800x" a lone surrogate: every job on the file would fail at
+    # tokenization (issue 37)
+    "lone surrogate": (
+        GOOD + b'\n{"prompt": "p", "chosen": "a\\ud800x", "rejected": "b"}\n',
+        "train",
+        422,
+        2,
+        "chosen",
+    ),
+    "lone surrogate in a turn": (
+        b'{"messages": [{"role": "user", "content": "q"}, '
+        b'{"role": "assistant", "content": "\\udc00"}]}\n',
+        "train",
+        422,
+        1,
+        "messages[1].content",
+    ),
 }
 
 
@@ -410,10 +427,11 @@ def test_a_boundary_longer_than_rfc_2046_allows_is_400_and_leaves_nothing(
 def test_a_key_that_is_a_lone_surrogate_is_named_in_a_422_not_a_500(
     client, team_a, store, db_sessions
 ):
-    """The line {"\\ud800": 1} (valid JSON) is of no known format; its key went raw into the
-    422's message, which Starlette could not encode: a 500."""
+    """The line {"\\ud800": 1} (valid JSON): its key went raw into the 422's message, which
+    Starlette could not encode: a 500. A lone surrogate is now refused as such, the key
+    named escaped."""
     r = upload(client, team_a, b'{"\\ud800": 1}\n')
     assert r.status_code == 422, r.text
     (error,) = r.json()["error"]["errors"]
-    assert error["field"] == "(columns)" and "'\\ud800'" in error["message"]
+    assert error["field"] == "'\\ud800'" and "lone UTF-16 surrogate" in error["message"]
     assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
