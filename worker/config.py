@@ -98,6 +98,30 @@ class WorkerSettings(Settings):
         gt=0,
         description="A multi-node job with no new step for this long is deleted and retried.",
     )
+    SUBMIT_BACKOFF_SECONDS: float = Field(
+        15.0, gt=0, description="A failed TrainJob submit waits this long, doubling each time."
+    )
+    SUBMIT_GIVE_UP_SECONDS: float = Field(
+        3600.0, gt=0, description="Submits failing this long in a row fail the job."
+    )
+    START_DEADLINE_SECONDS: float = Field(
+        600.0,
+        gt=0,
+        description="An admitted TrainJob whose ranks are not all running this long after "
+        "admission (no JobSet, pods never created or never scheduled) fails the attempt.",
+    )
+    ADMISSION_TIMEOUT_SECONDS: float = Field(
+        14400.0,
+        ge=0,
+        description="A TrainJob suspended (not admitted by Kueue) this long fails the job; "
+        "0 = wait forever.",
+    )
+    TRAINJOB_SWEEP_SECONDS: float = Field(
+        300.0, gt=0, description="Period of the reconcile's sweep of orphaned TrainJobs."
+    )
+    MAX_DISRUPTIONS: int = Field(
+        20, ge=0, description="Attempts ended by a disruption (drain, preemption) that are free."
+    )
 
     @field_validator("WORKER_GPUS")
     @classmethod

@@ -5,10 +5,16 @@
                                               published file ({team}/files/{file}.jsonl)
     python -m trainer run SPEC_URL --out /tmp/run --no-progress
         --checkpoints URL({team}/{job}/) --final URL({team}/{job}/final/)
-        --runlog URL({team}/{job}/run/attempt-{a}/) [--resume]
+        --runlog URL({team}/{job}/run/attempt-{a}/) --resume
 
---resume when a committed checkpoint (step-N/ with its _COMPLETE) is in the store: the
-trainer resumes from the newest one itself (DCP reshards to this attempt's world size).
+--resume always: the trainer resumes from the newest committed checkpoint (step-N/ with its
+_COMPLETE) in the store, and starts fresh when there is none. The same argv then serves a
+first attempt, a retry, and pods Kueue re-admits after a preemption (they rerun the
+TrainJob's original argv, which must not restart from step 0 over recorded steps).
+DCP reshards to this attempt's world size. A multi-node spec without checkpoints
+(checkpoint_every 0) gets DEFAULT_CHECKPOINT_EVERY in its spec.json: else every retry
+restarts from step 0. --out is on the pod's /scratch volume (the runtime's emptyDir), not
+the container's overlay.
 The ranks' store credentials are the pods' own (a Secret of the runtime, never the spec);
 the worker passes only the endpoint and region it uses (AWS_ENDPOINT_URL_S3,
 AWS_DEFAULT_REGION).
@@ -19,9 +25,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
+
 from contract.runs import COMPLETE_MARKER, checkpoint_step
 from models.launches import TRAINJOB
-from models.tables import File
+from models.tables import File, JobEvent
 from storage import IncompleteCheckpointError, ObjectStore, object_url
 from storage.keys import (
     checkpoint_prefix,
@@ -38,7 +46,9 @@ if TYPE_CHECKING:
     from worker.config import WorkerSettings
     from worker.launchers.base import Launcher
 
-RANK_SCRATCH = "/tmp/run"  # each rank's local --out (nothing in it outlives the pod)
+RANK_SCRATCH = "/scratch/run"  # each rank's local --out (nothing in it outlives the pod)
+DEFAULT_CHECKPOINT_EVERY = 100  # steps, or a tenth of max_steps when that is fewer
+MEMORY_MARGIN = 1.25  # the estimate is calibrated to +-25%
 
 
 def nodes_of(spec: dict[str, Any]) -> int:
@@ -97,23 +107,24 @@ def write_spec(
     if key is None or not store.exists(key):
         raise AttemptFailed("the job's training file was deleted", "missing_file")
     doc = {**spec, "training_file": object_url(store, key)}
+    if not doc.get("checkpoint_every"):
+        max_steps = doc.get("max_steps") or 10 * DEFAULT_CHECKPOINT_EVERY
+        doc["checkpoint_every"] = max(1, min(DEFAULT_CHECKPOINT_EVERY, max_steps // 10))
     spec_key = run_spec_key(team_id, job_id, attempt)
     store.put_bytes(spec_key, json.dumps(doc, indent=2).encode())
     return spec_key
 
 
-def trainer_args(
-    store: ObjectStore, team_id: str, job_id: str, attempt: int, *, resume: bool
-) -> list[str]:
+def trainer_args(store: ObjectStore, team_id: str, job_id: str, attempt: int) -> list[str]:
     """The trainer's argv after the launcher's torchrun (module docstring)."""
     args = [
         "-m", "trainer", "run", object_url(store, run_spec_key(team_id, job_id, attempt)),
         "--out", RANK_SCRATCH, "--no-progress",
         "--checkpoints", object_url(store, job_prefix(team_id, job_id)),
         "--final", object_url(store, final_model_prefix(team_id, job_id)),
-        "--runlog", object_url(store, run_prefix(team_id, job_id, attempt)),
+        "--runlog", object_url(store, run_prefix(team_id, job_id, attempt)), "--resume",
     ]  # fmt: skip
-    return [*args, "--resume"] if resume else args
+    return args
 
 
 def rank_env(settings: WorkerSettings) -> dict[str, str]:
@@ -124,10 +135,23 @@ def rank_env(settings: WorkerSettings) -> dict[str, str]:
     return {k: v for k, v in env.items() if v}
 
 
+def node_requests(estimate: dict[str, Any] | None, per_node: int, on_gpu: bool) -> dict[str, str]:
+    """A node's CPU and memory requests: a core per process; on CPU, memory from the job's
+    estimate (memory_gib_per_process, with its margin). A GPU job's estimate is of GPU
+    memory, so its host memory is left to the runtime."""
+    requests = {"cpu": str(per_node)}
+    gib = (estimate or {}).get("memory_gib_per_process")
+    if not on_gpu and isinstance(gib, (int, float)) and gib > 0:
+        requests["memory"] = f"{max(1, round(gib * per_node * MEMORY_MARGIN))}Gi"
+    return requests
+
+
 def launch_request(
-    settings: WorkerSettings, store: ObjectStore, job: Any, attempt: int, *, resume: bool
-) -> LaunchRequest:
-    """What the launcher starts for `attempt` of `job` (a Job row or its detached copy)."""
+    settings: WorkerSettings, store: ObjectStore, job: Any, attempt: int,
+    estimate: dict[str, Any] | None = None,
+) -> LaunchRequest:  # fmt: skip
+    """What the launcher starts for `attempt` of `job` (a Job row or its detached copy);
+    `estimate`: the API's (the job's `created` event)."""
     nodes, per_node = shape(job.spec, job.meta)
     on_gpu = queue_for(job.base_model, job.meta, settings.cpu_models) == "gpu"
     return LaunchRequest(
@@ -135,10 +159,21 @@ def launch_request(
         attempt=attempt,
         nodes=nodes,
         processes_per_node=per_node,
-        args=trainer_args(store, job.team_id, job.id, attempt, resume=resume),
+        args=trainer_args(store, job.team_id, job.id, attempt),
         env=rank_env(settings),
         gpus_per_node=per_node if on_gpu else 0,
+        requests=node_requests(estimate, per_node, on_gpu),
     )
+
+
+def job_estimate(sessions: Any, job_id: str) -> dict[str, Any] | None:
+    """The API's estimate of the job (its `created` event's data), None without one."""
+    with sessions() as s:
+        data = s.execute(
+            select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == "created")
+        ).scalar()
+    estimate = (data or {}).get("estimate")
+    return estimate if isinstance(estimate, dict) else None
 
 
 def trainjob_launcher(settings: WorkerSettings) -> Launcher:

@@ -29,51 +29,26 @@ the job; the DB row and the store hold everything, so any worker can pick a job 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import select
 
+from models import jobs as job_states
 from models import launches
-from models.base import utcnow
+from models.launches import TRAINJOB
 from models.tables import Job
-from storage import ObjectStore
-from worker import multinode
-from worker.config import WorkerSettings, new_worker_id
-from worker.launchers.base import Launcher
+from worker.config import new_worker_id
+from worker.reconcile_context import ReconcileContext
 from worker.reconcile_tick import JobTick
 
 log = logging.getLogger("humanline.worker.reconcile")
 
 
-class Reconciler:
+class Reconciler(ReconcileContext):
     """The launches of one worker process (run_job's first launch, beat's reconcile)."""
 
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        sessions: sessionmaker[Session],
-        store: ObjectStore,
-        launcher: Launcher | None = None,
-        *,
-        send: Callable[[str], None] | None = None,
-        send_evaluation: Callable[[str], None] | None = None,
-        clock: Callable[[], datetime] = utcnow,
-    ):
-        self.settings, self.sessions, self.store = settings, sessions, store
-        self._launcher, self.send, self.send_evaluation = launcher, send, send_evaluation
-        self.clock = clock
-
-    @property
-    def launcher(self) -> Launcher:
-        if self._launcher is None:
-            self._launcher = multinode.trainjob_launcher(self.settings)
-        return self._launcher
-
-    @property
-    def hang_seconds(self) -> float:
-        return float(self.settings.HANG_SECONDS)
+    _swept_at: datetime | None = None
 
     def first_launch(self, job: Job, worker_id: str) -> Any:
         """run_job's attempt (worker.attempt.claim_and_run runs it): `job` was just claimed
@@ -107,7 +82,44 @@ class Reconciler:
             if not launches.handed_back(row.lease_expires_at, row.heartbeat_at):
                 tick.log.warning("the reconcile of %s was lost; taken over", row.lease_owner)
             done[row.id] = tick.run(tick.reconcile)
+        self.sweep()
         return done
+
+    def sweep(self) -> list[str]:
+        """Every TRAINJOB_SWEEP_SECONDS: delete the labelled TrainJobs no reconcile follows:
+        of a job that is gone or has ended, or of an attempt before the job's current one (a
+        worker that died between a create and its record, a cancel that raced a submit).
+        Returns the names deleted. Only where multi-node jobs ever ran (no cluster client
+        before)."""
+        now, period = self.clock(), float(self.settings.TRAINJOB_SWEEP_SECONDS)
+        if self._swept_at is not None and (now - self._swept_at).total_seconds() < period:
+            return []
+        self._swept_at = now
+        ever = select(Job.id).where(Job.launcher == TRAINJOB).limit(1)
+        try:
+            with self.sessions() as s:
+                if s.execute(ever).first() is None:
+                    return []
+            lister = getattr(self.launcher, "list_launches", None)  # the TrainJob launcher's
+            found: list[tuple[str, str, int]] = lister() if lister is not None else []
+            with self.sessions() as s:
+                ids = {job_id for _, job_id, _ in found}
+                rows = s.execute(select(Job.id, Job.status, Job.attempt).where(Job.id.in_(ids)))
+                jobs = {r.id: (r.status, r.attempt) for r in rows}
+            orphans = [
+                name
+                for name, job_id, attempt in found
+                if job_id not in jobs
+                or job_states.is_terminal(jobs[job_id][0])
+                or attempt < jobs[job_id][1]
+            ]
+            for name in orphans:
+                log.warning("sweep: deleting orphaned TrainJob %s", name)
+                self.launcher.cancel(name)
+            return orphans
+        except Exception:  # the next sweep tries again
+            log.warning("sweep of orphaned TrainJobs failed", exc_info=True)
+            return []
 
 
 class _FirstLaunch:

@@ -3,7 +3,6 @@ the job's lease for its length and makes every write fenced by it."""
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -11,12 +10,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from contract.runs import DATA_QUALITY_FILE, EVENTS_FILE, METRICS_FILE
+from contract.runs import DATA_QUALITY_FILE, EVENTS_FILE, HEARTBEAT_FILE, METRICS_FILE
 from models import jobs as job_states
 from models import launches, scheduling
 from models.launches import TRAINJOB
@@ -24,19 +23,13 @@ from models.tables import Checkpoint, Job
 from storage import IncompleteCheckpointError, ObjectNotFound
 from storage.keys import final_model_prefix, run_file_key
 from worker import multinode
+from worker import reconcile_watch as watch
 from worker.attempt import MAX_MESSAGE_CHARS, AttemptFailed, LeaseLost
 from worker.job_evaluations import create_job_evaluations
-from worker.launchers.base import Launcher, LaunchState, LaunchStatus
+from worker.launchers.base import DISRUPTED, Launcher, LaunchState, LaunchStatus
 from worker.progress import RunProgress
+from worker.reconcile_context import ReconcileContext
 from worker.scrub import error_tail, scrub, this_server
-
-if TYPE_CHECKING:
-    from worker.reconcile import Reconciler
-
-try:  # the trainer's mirror writes it (contract.runs, trainer.remote)
-    from contract.runs import HEARTBEAT_FILE  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - until that lands
-    HEARTBEAT_FILE = "heartbeat.json"
 
 log = logging.getLogger("humanline.worker.reconcile")
 
@@ -52,15 +45,11 @@ ANNOUNCE = {
 class JobTick:
     """One reconcile of one job, holding its lease (a worker.progress.RunOwner too)."""
 
-    def __init__(self, r: Reconciler, job: Job, worker_id: str):
+    def __init__(self, r: ReconcileContext, job: Job, worker_id: str):
         self.r, self.settings, self.sessions, self.store = r, r.settings, r.sessions, r.store
         self.job = job
-        self.job_id, self.team_id, self.number, self.status = (
-            job.id,
-            job.team_id,
-            job.attempt,
-            job.status,
-        )
+        self.job_id, self.team_id = job.id, job.team_id
+        self.number, self.status = job.attempt, job.status
         self.worker_id = worker_id
         self.state: dict[str, Any] = dict(job.launch or {})
         self.step, self.total = job.current_step or 0, job.total_steps
@@ -148,6 +137,9 @@ class JobTick:
             self.log.exception("job %s: no multi-node launcher", self.job_id)
             error = {"type": "no_launcher", "message": f"no multi-node launcher: {exc}"}
             return self.finish("failed", error=self.public(error), message=error["message"])
+        now = self.r.clock().timestamp()
+        if not watch.submit_due(self.state, now):
+            return "backing_off"  # a failed submit waits its backoff
         if n > 1:  # the previous attempt's launch is gone before this one starts
             launcher.cancel(launcher.launch_name(self.job_id, n - 1))
         try:
@@ -158,12 +150,14 @@ class JobTick:
         except AttemptFailed as exc:
             return self.finish("failed", error=self.public(exc.error), message=str(exc))
         resume = bool(multinode.committed_checkpoints(self.store, self.team_id, self.job_id))
-        request = multinode.launch_request(self.settings, self.store, self.job, n, resume=resume)
+        estimate = multinode.job_estimate(self.sessions, self.job_id)
+        request = multinode.launch_request(self.settings, self.store, self.job, n, estimate)
         try:
             name = launcher.submit(request)
         except Exception as exc:  # the launcher retried transient errors already
             self.log.warning("job %s: submit failed", self.job_id, exc_info=True)
-            return self.retry_or_fail("submit_failed", f"{type(exc).__name__}: {exc}")
+            return self.submit_failed(now, f"{type(exc).__name__}: {exc}")
+        watch.submitted(self.state)
         self.state.update(name=name, submitted=True, announced=[])
         data = {
             "attempt": n,
@@ -176,6 +170,22 @@ class JobTick:
         )
         self.fenced(lambda s: job_states.add_event(s, self.job_id, "launched", message, data))
         return "launched"
+
+    def submit_failed(self, now: float, message: str) -> str:
+        """The submit failed (the cluster refused it, or did not answer): the attempt stays
+        unsubmitted and the next reconcile tries again after a backoff; no attempt is spent.
+        Failing for SUBMIT_GIVE_UP_SECONDS in a row fails the job with the cause."""
+        n, message = self.number, self.public(message)[:MAX_MESSAGE_CHARS]
+        failing = watch.submit_failed(self.state, now, self.settings.SUBMIT_BACKOFF_SECONDS)
+        data = {"attempt": n, "failures": self.state["submit_failures"], "message": message}
+        if failing >= self.settings.SUBMIT_GIVE_UP_SECONDS:
+            text = f"attempt {n} could not be submitted for {failing:.0f} s: {message}"
+            error = {"type": "submit_failed", "reason": "submit_failed", **data, "message": text}
+            return self.finish("failed", error=error, result=self.base(), message=text)
+        text = f"attempt {n} not submitted ({message}); trying again in "
+        text += f"{float(self.state['submit_at']) - now:.0f} s"
+        self.fenced(lambda s: job_states.add_event(s, self.job_id, "submit_failed", text, data))
+        return "submit_failed"
 
     # ---- following ----------------------------------------------------------------------------
     def reconcile(self) -> str:
@@ -194,14 +204,46 @@ class JobTick:
             return self.retry_or_fail(reason, message)
         if status.state is LaunchState.MISSING:
             return self.retry_or_fail("launch_missing", "the launch disappeared from the cluster")
-        if self.hung(status):
-            message = f"no new training step for {self.r.hang_seconds:g} s; stopped"
-            return self.retry_or_fail("hang", message)
+        late = watch.overdue(
+            self.state, status, self.r.clock().timestamp(),
+            watch.heartbeat_step(self.run_dir / HEARTBEAT_FILE),
+            hang_s=self.r.hang_seconds, start_s=self.settings.START_DEADLINE_SECONDS,
+            admission_s=self.settings.ADMISSION_TIMEOUT_SECONDS,
+        )  # fmt: skip
+        if late is not None and late[0] == "admission_timeout":
+            return self.not_admitted(late[1])
+        if late is not None:
+            return self.retry_or_fail(*late)
         return status.state.value
+
+    def not_admitted(self, message: str) -> str:
+        """Never admitted in ADMISSION_TIMEOUT_SECONDS: the job fails (another attempt would
+        wait in the same queue), with the Kueue Workload's reason when it can be read."""
+        name = self.state["name"]
+        explain = getattr(self.launcher, "waiting_reason", None)
+        try:
+            why = explain(name) if explain is not None else ""
+        except Exception:
+            self.log.warning("job %s: no admission reason", self.job_id, exc_info=True)
+            why = ""
+        self.launcher.cancel(name)
+        text = self.public(f"{message}: {why}" if why else message)[:MAX_MESSAGE_CHARS]
+        error = {"type": "admission_timeout", "reason": "admission_timeout", "message": text}
+        return self.finish("failed", error={**error, "attempt": self.number}, message=text)
 
     def announce(self, status: LaunchStatus) -> None:
         """waiting_for_admission, starting, running: each once per attempt."""
-        if status.state not in ANNOUNCE or status.state.value in self.state.get("announced", []):
+        announced = self.state.get("announced", [])
+        if status.state is LaunchState.PENDING and {"starting", "running"} & set(announced):
+            # suspended again after admission (Kueue preempted it): its pods are gone; when
+            # re-admitted they resume (--resume) and are announced again
+            self.state["announced"] = [a for a in announced if a == "pending"]
+            text = f"suspended by the cluster ({status.reason or 'preempted'}): waiting to be "
+            text += "admitted again; it resumes from its last checkpoint"
+            data = {"attempt": self.number, "reason": status.reason, "message": status.message}
+            self.fenced(lambda s: job_states.add_event(s, self.job_id, "suspended", text, data))
+            return
+        if status.state not in ANNOUNCE or status.state.value in announced:
             return
         kind, text = ANNOUNCE[status.state]
         nodes, _ = multinode.shape(self.job.spec, self.job.meta)
@@ -239,24 +281,6 @@ class JobTick:
         p.sync()
         self.step, self.total = p.step, p.total
 
-    def hung(self, status: LaunchStatus) -> bool:
-        """No progress for HANG_SECONDS since the ranks were admitted. Progress: this
-        attempt's heartbeat step or run log moved (a resumed attempt replaying steps the job
-        already counted is progressing too)."""
-        if status.state not in (LaunchState.STARTING, LaunchState.RUNNING):
-            return False
-        now = self.r.clock().timestamp()
-        beat = None
-        try:
-            beat = json.loads((self.run_dir / HEARTBEAT_FILE).read_text()).get("step")
-        except (OSError, ValueError, AttributeError):
-            pass
-        marker = [beat, self.state.get("metrics_offset", 0), self.state.get("events_offset", 0)]
-        if self.state.get("progress_at") is None or marker != self.state.get("seen"):
-            self.state["seen"], self.state["progress_at"] = marker, now
-            return False
-        return now - float(self.state["progress_at"]) > self.r.hang_seconds
-
     # ---- ends ---------------------------------------------------------------------------------
     def base(self) -> dict[str, Any]:
         p = self.progress
@@ -287,9 +311,13 @@ class JobTick:
         return self.finish("succeeded", result=result)
 
     def cancel(self) -> str:
-        name = self.state.get("name")
+        """Delete the launches of the current and previous attempts by their deterministic
+        names: one created by a worker that died before it recorded the name is deleted too."""
+        name, n, of = self.state.get("name"), self.number, self.launcher.launch_name
+        names = {of(self.job_id, n), *([of(self.job_id, n - 1)] if n > 1 else [])}
+        for each in sorted(names | ({name} if isinstance(name, str) else set())):
+            self.launcher.cancel(each)
         if name:
-            self.launcher.cancel(name)
             try:
                 self.ingest()
             except Exception:  # the run log is a nicety here; the cancel is not
@@ -302,6 +330,9 @@ class JobTick:
     def retry_or_fail(self, reason: str, message: str) -> str:
         """The attempt failed: its launch removed, then attempt + 1 or the job failed."""
         n, name = self.number, self.state.get("name")
+        free = int(self.state.get("free", 0))  # attempts that ended by a disruption: not spent
+        disrupted = reason == DISRUPTED and free < self.settings.MAX_DISRUPTIONS
+        free += disrupted
         tail = ""
         if name:
             try:
@@ -317,12 +348,15 @@ class JobTick:
             "attempt": n,
             "log_tail": tail,
         }
-        budget = self.settings.MAX_JOB_ATTEMPTS
-        if n >= budget:
-            error["message"] = f"attempt {n} failed ({reason}): {message}; {n} attempts exhausted"
+        spent = n - free
+        if spent >= self.settings.MAX_JOB_ATTEMPTS:
+            error["message"] = (
+                f"attempt {n} failed ({reason}): {message}; {spent} attempts exhausted"
+            )
             return self.finish("failed", error=error, result=self.base(), message=error["message"])
         text = f"attempt {n} failed ({reason}): {message}; retrying as attempt {n + 1}"
-        self.state = {"attempt": n + 1, "submitted": False}
+        text += " (a disruption: no attempt spent)" if disrupted else ""
+        self.state = {"attempt": n + 1, "submitted": False, "free": free}
         self.progress = None  # the next attempt has its own run log
         self.fenced(
             lambda s: job_states.add_event(s, self.job_id, "attempt_failed", text, error),

@@ -110,7 +110,7 @@ def test_a_job_goes_from_launch_to_succeeded_with_its_run_log(
     spec_url = object_url(env.store, run_spec_key(env.team, job_id, 1))
     assert spec_url.startswith("s3://" if backend == "s3" else "/")
     assert launch.args[:4] == ["-m", "trainer", "run", spec_url]
-    assert "--resume" not in launch.args
+    assert launch.args[-1] == "--resume"  # always: a fresh start while no checkpoint exists
     assert launch.args[launch.args.index("--runlog") + 1].endswith(f"{job_id}/run/attempt-1/")
     assert launch.args[launch.args.index("--checkpoints") + 1].endswith(f"/{job_id}/")
     spec = json.loads(env.store.get_bytes(run_spec_key(env.team, job_id, 1)))
@@ -236,18 +236,46 @@ def test_a_lost_reconcile_is_taken_over_and_its_late_write_fenced_out(env):
     assert env.kinds(job_id) == before and env.job(job_id).attempt == 2
 
 
-def test_a_submit_that_keeps_failing_spends_the_budget(env):
+def test_a_failed_submit_backs_off_and_spends_no_attempt(env):
+    """A 500 or 403 on create used to spend every attempt in a second (20 POSTs, job failed):
+    the attempt stays unsubmitted, the next reconcile tries again after a backoff."""
     job_id = env.make_job()
-    boom = RuntimeError("the API server said 403")
+    submit, refused = env.launcher.submit, []
 
     def refuse(request):
-        raise boom
+        refused.append(request.attempt)
+        raise RuntimeError("Kubernetes refused to create TrainJob: HTTP 403 Forbidden")
 
     env.launcher.submit = refuse
-    assert env.runner.run(job_id) == "failed"
+    assert env.runner.run(job_id) == "submit_failed"
     job = env.job(job_id)
-    assert (job.error["reason"], job.attempt) == ("submit_failed", 3)
-    assert "403" in job.error["message"]
+    assert (job.status, job.attempt, job.launch["submitted"]) == ("running", 1, False)
+    assert env.tick(1) == {job_id: "backing_off"} and refused == [1]
+    assert env.tick(20) == {job_id: "submit_failed"} and refused == [1, 1]
+    assert env.tick(20) == {job_id: "backing_off"}  # the backoff doubled (30 s)
+    env.launcher.submit = submit  # the operator fixed the RBAC
+    assert env.tick(20) == {job_id: "launched"}
+    job = env.job(job_id)
+    assert (job.attempt, job.launch["submitted"]) == (1, True)
+    assert "submit_at" not in job.launch
+    assert env.kinds(job_id).count("submit_failed") == 2
+    assert "attempt_failed" not in env.kinds(job_id)
+
+
+def test_a_submit_failing_past_the_give_up_fails_the_job_with_its_cause(env):
+    env.settings.SUBMIT_GIVE_UP_SECONDS = 100
+    job_id = env.make_job()
+
+    def refuse(request):
+        raise RuntimeError("HTTP 500: admission webhook trainer.kubeflow.org denied it")
+
+    env.launcher.submit = refuse
+    assert env.runner.run(job_id) == "submit_failed"
+    assert env.tick(60) == {job_id: "submit_failed"}  # 60 s of failing: tried again
+    assert env.tick(60) == {job_id: "failed"}  # 120 s
+    job = env.job(job_id)
+    assert (job.error["reason"], job.attempt) == ("submit_failed", 1)
+    assert "admission webhook" in job.error["message"]
 
 
 def test_an_attempt_not_yet_submitted_is_submitted_by_the_reconcile(env):
