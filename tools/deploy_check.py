@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: `python tools/deploy_check.py`
     sys.path.insert(0, str(ROOT))
 
-from tools.deploy_trainjob import check_trainjob  # noqa: E402
+from tools.deploy_trainjob import check_trainjob, check_worker_account  # noqa: E402
 from worker.gpus import parse_worker_gpus  # noqa: E402  (needs the path set above)
 from worker.routing import CPU_QUEUE, GPU_QUEUE  # noqa: E402
 
@@ -320,6 +320,7 @@ def check_k8s(root: Path = ROOT, text: str | None = None) -> list[str]:
                 continue
             queues = _queues(args)
             consumed |= queues
+            problems += check_worker_account(where, pod, c)
             problems += [f"{where}: unknown queue {q}" for q in sorted(queues - QUEUES)]
             limits = (c.get("resources") or {}).get("limits") or {}
             gpus_limit = int(limits.get("nvidia.com/gpu", 0))

@@ -24,7 +24,10 @@ NEEDED = {
     ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "delete"},
     ("", "pods"): {"get", "list"},
     ("", "pods/log"): {"get"},
+    ("", "events"): {"get", "list"},  # a JobSet or pod that cannot be created: only an Event
+    ("kueue.x-k8s.io", "workloads"): {"get", "list"},  # why a TrainJob is not admitted
 }
+WORKER_ACCOUNT = "humanline-worker"
 
 
 def load(root: Path = ROOT, text: str | None = None) -> list[dict[str, Any]]:
@@ -59,6 +62,8 @@ def check_trainjob(
         problems.append(f"{PATH}: image {node['image']} is built by no Dockerfile line")
     elif image[1] == "cpu":
         problems.append(f"{PATH}: the node container runs the CPU image")
+    if pod.get("automountServiceAccountToken") is not False:
+        problems.append(f"{PATH}: the node pods must set automountServiceAccountToken: false")
     env = {e["name"] for e in node.get("env", [])}
     problems += [
         f"{PATH}: node env lacks {n} (flight recorder)" for n in FLIGHT_RECORDER if n not in env
@@ -75,9 +80,24 @@ def check_trainjob(
             problems.append(f"{PATH}: the worker's Role lacks {sorted(missing)} on {res}")
     bindings = [d for d in docs if d.get("kind") == "RoleBinding"]
     if not any(
-        s.get("kind") == "ServiceAccount" and s.get("name") == "humanline-worker"
+        s.get("kind") == "ServiceAccount" and s.get("name") == WORKER_ACCOUNT
         for b in bindings
         for s in b.get("subjects", [])
     ):
         problems.append(f"{PATH}: no RoleBinding for the humanline-worker ServiceAccount")
+    return problems
+
+
+def check_worker_account(where: str, pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    """A Celery worker's pod (deploy/k8s/humanline.yaml): every worker, the GPU ones too (the
+    gpu queue takes multi-node jobs), runs as the account the Role is bound to, and creates
+    TrainJobs in its own namespace (not `default`, where it has no rights)."""
+    problems = []
+    if pod.get("serviceAccountName") != WORKER_ACCOUNT:
+        problems.append(
+            f"{where}: runs as {pod.get('serviceAccountName') or 'default'}, not {WORKER_ACCOUNT} "
+            "(its TrainJob submits would get HTTP 403)"
+        )
+    if not any(e.get("name") == "TRAINJOB_NAMESPACE" for e in container.get("env") or []):
+        problems.append(f"{where}: set TRAINJOB_NAMESPACE (the Role's namespace)")
     return problems

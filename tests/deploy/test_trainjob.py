@@ -12,7 +12,7 @@ from kubeflow_trainer_api import models
 from pydantic import ValidationError
 
 from tools import deploy_trainjob as dt
-from tools.deploy_check import built_images
+from tools.deploy_check import built_images, check_k8s
 
 
 def runtime() -> dict:
@@ -31,6 +31,12 @@ def test_the_runtime_is_a_valid_cluster_training_runtime():
     jobset = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(doc).spec.template.spec
     assert jobset.failure_policy.max_restarts == 0
     assert [r.name for r in jobset.replicated_jobs] == ["node"]
+
+
+def _pod(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+        "spec"
+    ]
 
 
 def _node(doc: dict) -> dict:
@@ -81,8 +87,15 @@ def test_trainjob_checks_can_fail():
     def no_dump(d):
         _node(d[RT])["env"] = [e for e in _node(d[RT])["env"] if "DUMP" not in e["name"]]
 
-    def no_logs(d):
-        d["Role", "humanline-trainjobs"]["rules"].pop()
+    def without(resource):
+        def mutate(d):
+            rules = d["Role", "humanline-trainjobs"]["rules"]
+            rules[:] = [r for r in rules if resource not in r["resources"]]
+
+        return mutate
+
+    def token(d):
+        del _pod(d[RT])["automountServiceAccountToken"]
 
     def no_binding(d):
         d["RoleBinding", "humanline-worker-trainjobs"]["subjects"][0]["name"] = "default"
@@ -92,5 +105,27 @@ def test_trainjob_checks_can_fail():
     assert any("no container named 'node'" in p for p in _check(renamed))
     assert any("CPU image" in p for p in _check(cpu_image))
     assert any("TORCH_NCCL_DUMP_ON_TIMEOUT" in p for p in _check(no_dump))
-    assert any("lacks ['get'] on pods/log" in p for p in _check(no_logs))
+    assert any("lacks ['get'] on pods/log" in p for p in _check(without("pods/log")))
+    assert any("lacks ['get', 'list'] on events" in p for p in _check(without("events")))
+    assert any("on workloads" in p for p in _check(without("workloads")))
+    assert any("automountServiceAccountToken" in p for p in _check(token))
     assert any("no RoleBinding" in p for p in _check(no_binding))
+
+
+def test_every_worker_runs_as_the_bound_account_in_its_own_namespace():
+    """Issue 36: only the CPU worker had the account, but multi-node jobs route to the GPU
+    workers, whose first TrainJob got a 403 (and TRAINJOB_NAMESPACE defaulted to `default`)."""
+    docs = [d for d in yaml.safe_load_all((dt.ROOT / "deploy/k8s/humanline.yaml").read_text()) if d]
+    assert {
+        "kind": "ServiceAccount",
+        "apiVersion": "v1",
+        "metadata": {"name": dt.WORKER_ACCOUNT},
+    } in docs
+    assert check_k8s() == []
+    gpu = next(d for d in docs if d["metadata"]["name"] == "humanline-worker-h100")
+    pod = gpu["spec"]["template"]["spec"]
+    del pod["serviceAccountName"]
+    pod["containers"][0]["env"] = [{"name": "WORKER_GPUS", "value": "count:8"}]
+    problems = check_k8s(text=yaml.safe_dump_all(docs))
+    assert any("humanline-worker-h100/worker: runs as default" in p for p in problems)
+    assert any("humanline-worker-h100/worker: set TRAINJOB_NAMESPACE" in p for p in problems)
