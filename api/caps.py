@@ -39,6 +39,7 @@ CAPS: tuple[tuple[str, str], ...] = (
     ("online.num_samples", "CAP_NUM_SAMPLES"),
     ("online.max_new_tokens", "CAP_MAX_NEW_TOKENS"),
     ("online.prompt_budget", "CAP_PROMPT_BUDGET"),
+    ("online.lag", "CAP_ONLINE_LAG"),
     ("online.vllm.max_model_len", "CAP_MAX_MODEL_LEN"),
     ("online.vllm.kv_cache_gib", "CAP_KV_CACHE_GIB"),
     ("parallelism.nodes", "MAX_NODES"),
@@ -75,6 +76,7 @@ def check_caps(spec: JobSpec, settings: Settings) -> None:
             "only (no multi-node launcher: MULTINODE_LAUNCHER is 'none')",
             field="parallelism.nodes",
         )
+    _check_async(spec, settings)
     modules = spec.adapter.target_modules
     if lora and len(modules) > settings.CAP_TARGET_MODULES:
         _over("adapter.target_modules", f"({len(modules)} entries)", settings.CAP_TARGET_MODULES)
@@ -209,3 +211,24 @@ def check_memory(
             for name, size in parts
         ],
     )
+
+
+def _check_async(spec: JobSpec, settings: Settings) -> None:
+    """An async online job needs a worker that can place its sampler process beside one
+    training process (contract.online_async)."""
+    if spec.online is None or not spec.online.is_async:
+        return
+    if not settings.ONLINE_ASYNC:
+        raise api_error(
+            422,
+            "online.mode 'async': this service cannot place a sampler process beside the "
+            "trainer (ONLINE_ASYNC is off); use mode 'sync'",
+            field="online.mode",
+        )
+    if (spec.parallelism.processes_per_node or 1) > 1:
+        raise api_error(
+            422,
+            "online.mode 'async' trains in one process (the sampler takes the other cores "
+            "or GPUs); set parallelism.processes_per_node to 1",
+            field="parallelism.processes_per_node",
+        )

@@ -23,6 +23,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from contract.evaluation import EvalRequest
 from contract.humanline_params import HumanlineParams
+from contract.online_async import AsyncFields, async_refusal
 from contract.parallel import ParallelConfig, Parallelism
 from contract.presets import PRESETS, PresetName, lay_over, preset_values
 from contract.rewards import MATH_REWARDS, REWARD_NAMES, RewardSpec
@@ -123,10 +124,11 @@ class AdapterConfig(_Strict):
     )
 
 
-class OnlineConfig(_Strict):
+class OnlineConfig(AsyncFields, _Strict):
     """Round-based online data (paper, Algorithm 1): every `sample_every` steps, sample
     `num_samples` completions per prompt from the current policy, score them, and train the
-    next `sample_every` steps on what survives the τ filter."""
+    next `sample_every` steps on what survives the τ filter. `mode`, `lag`, `is_cap` and
+    `sampler_threads` (contract.online_async) sample asynchronously, beside the trainer."""
 
     rewards: list[RewardSpec] = Field(
         default_factory=lambda: list(MATH_REWARDS),
@@ -310,6 +312,8 @@ class JobSpec(_Strict):
             self.online = OnlineConfig()
         if self.data_source == "offline" and self.online is not None:
             raise ValueError("'online' settings need data_source 'online'")
+        if why := async_refusal(self.objective.name, self.online, self.parallelism.nodes):
+            _field_error(why[0], why[1], getattr(self, why[0]))
         if self.humanline and getattr(self.objective, "reference_free", False):
             raise ValueError("humanline needs a reference model; reference_free DPO has none")
         if self.global_batch_size % self.group_size:
@@ -430,6 +434,8 @@ class JobSpec(_Strict):
         data["reference_sync"] = self.sync
         if self.objective.name == "grpo":
             data["objective"]["epsilon"] = self.grpo_epsilon
+        if self.online is not None and self.online.mode == "async":
+            data["online"]["lag"] = self.online.resolved_lag
         return JobSpec.model_validate(data)
 
     def summary(self, total_steps: int | None = None) -> dict[str, Any]:
@@ -449,6 +455,11 @@ class JobSpec(_Strict):
             "warmup_ratio": self.optim.warmup_ratio,
             "reference_sync": self.sync,
             "sync_every": self.humanline_params.sync_every,
+            **(
+                {"online_mode": self.online.mode, "online_lag": self.online.resolved_lag}
+                if self.online is not None
+                else {}
+            ),
         }
 
 

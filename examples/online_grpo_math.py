@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = journey_options(__doc__, steps=16)
     ap.add_argument("--sample-every", type=int, default=8, help="steps per sampling round")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--lag",
+        type=int,
+        default=0,
+        help="sample asynchronously, this many steps behind the trainer (0: sync)",
+    )
     args = ap.parse_args(argv)
 
     with Client() as client:  # HUMANLINE_BASE_URL, HUMANLINE_API_KEY
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": args.max_new_tokens,
                 "sample_every": args.sample_every,
                 "tau": 0.0,
+                **({"mode": "async", "lag": args.lag} if args.lag else {}),
             },
             evaluations=[  # run on the final model when the job succeeds
                 {
@@ -81,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             if "reward/mean" in m.values:
                 parts = {k[7:]: round(v, 3) for k, v in m.values.items() if k.startswith("reward/")}
                 print(f"round at step {m.step}: {parts}")
+            if "async/lag" in m.values:  # which policy version sampled it, and the waits
+                v = m.values
+                print(
+                    f"  sampled by version {int(v['async/version'])} (lag "
+                    f"{int(v['async/lag'])}), trainer waited {v['async/wait_time']:.2f} s"
+                )
         return 0 if done.status == "succeeded" else 1
 
 

@@ -109,6 +109,14 @@ class Settings(BaseSettings):
     CAP_NUM_SAMPLES: int = Field(64, ge=2, le=INT4_MAX, description="online.num_samples (G).")
     CAP_MAX_NEW_TOKENS: int = Field(4096, ge=1, le=INT4_MAX, description="online.max_new_tokens.")
     CAP_PROMPT_BUDGET: float = Field(16.0, ge=1, description="online.prompt_budget.")
+    CAP_ONLINE_LAG: int = Field(
+        4, ge=0, le=16, description="online.lag: how stale async samples may be (steps)."
+    )
+    ONLINE_ASYNC: bool = Field(
+        True,
+        description="Whether workers can place an async sampler process beside the trainer "
+        "(online.mode 'async'); False refuses such jobs (422).",
+    )
     CAP_MAX_MODEL_LEN: int = Field(
         16384, ge=16, le=INT4_MAX, description="online.vllm.max_model_len."
     )

@@ -56,6 +56,23 @@ PANELS: tuple[Panel, ...] = (
     Panel("Gradient norm (before clipping)", ("grad_norm",), "L2 norm"),
     Panel("Learning rate", ("lr",), "learning rate"),
     Panel("Throughput", ("tokens_per_s",), "tokens / s"),
+    # async online (contract.online_async): where each process's time went, and how stale the
+    # samples were; drawn only for async jobs (no other job logs these)
+    Panel(
+        "Async utilisation: seconds per step",
+        ("step_time", "async/sampler_busy_time", "async/wait_time", "async/publish_time"),
+        "seconds",
+        frozenset({"dpo", "grpo"}),
+    ),
+    Panel(
+        "Async utilisation: shares of the step",
+        ("async/sampler_busy_share", "async/trainer_wait_share"),
+        "share of the trainer's step",
+        frozenset({"dpo", "grpo"}),
+    ),
+    Panel(
+        "Sample lag (steps behind the trainer)", ("async/lag",), "steps", frozenset({"dpo", "grpo"})
+    ),
 )
 
 # A curve exactly 0 at every logged step: nothing is being learned from these.

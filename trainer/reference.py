@@ -169,21 +169,26 @@ class Lookahead:
                     cache.setdefault(s, {})[row] = values
         self.cache = cache
 
+    def install(
+        self, step: int, rows: dict[int, list[TokenSeq]], logps: dict[TokenSeq, torch.Tensor]
+    ) -> None:
+        """Make given log-probs (`logps` by row) the reference of the steps in `rows` (step ->
+        its rows) from `step` on: an async online round's reference, scored by the policy
+        version that sampled it (trainer.online.producer)."""
+        device = next(self.model.parameters()).device
+        cache = {s: kept for s, kept in self.cache.items() if s < step}
+        for s, step_rows in rows.items():
+            cache[s] = {row: logps[row].to(device) for row in step_rows}
+        self.cache = cache
+
     def logps(self, step: int, micro: int, batch: TokenBatch) -> torch.Tensor:
         """[N + M, W] reference log-probs of `batch`'s rows and aux rows (batch_logps' layout)."""
         for old in [s for s in self.cache if s < step]:
             del self.cache[old]  # steps that have run
-        rows = self.cache.get(step, {})
         try:
-            values = [rows[row] for row in batch.all_rows()]
+            return in_layout(self.cache.get(step, {}), batch)
         except KeyError:
             raise RuntimeError(f"no reference log-probs for step {step} micro {micro}") from None
-        shape = (len(batch.all_rows()), batch.row_width)
-        out = torch.zeros(shape, dtype=values[0].dtype, device=values[0].device)
-        # integer positions (TokenBatch.row_kept), not out[mask > 0]: a boolean index makes
-        # the host wait for the device to count the mask
-        kept = batch.row_kept().to(out.device)
-        return out.view(-1).index_copy_(0, kept, torch.cat(values).to(out.device)).view(shape)
 
     def state_dict(self) -> dict:
         return {
@@ -213,6 +218,18 @@ class Lookahead:
             split = _split_rows(lp, batch)
             for row, values in zip(batch.all_rows(), split, strict=True):
                 self.cache.setdefault(s, {})[row] = values.to(device)
+
+
+def in_layout(rows: dict[TokenSeq, torch.Tensor], batch: TokenBatch) -> torch.Tensor:
+    """[N + M, W] per-row log-probs (`rows`: row -> its completion tokens' values) in
+    `batch`'s layout (batch_logps'); KeyError for a row `rows` lacks."""
+    values = [rows[row] for row in batch.all_rows()]
+    shape = (len(batch.all_rows()), batch.row_width)
+    out = torch.zeros(shape, dtype=values[0].dtype, device=values[0].device)
+    # integer positions (TokenBatch.row_kept), not out[mask > 0]: a boolean index makes
+    # the host wait for the device to count the mask
+    kept = batch.row_kept().to(out.device)
+    return out.view(-1).index_copy_(0, kept, torch.cat(values).to(out.device)).view(shape)
 
 
 def _split_rows(lp: torch.Tensor, batch: TokenBatch) -> list[torch.Tensor]:

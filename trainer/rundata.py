@@ -8,6 +8,7 @@ from pathlib import Path
 from contract.data import JsonlReader
 from contract.spec import JobSpec
 from trainer.datastore import store_examples
+from trainer.online.async_data import AsyncOnlineData
 from trainer.online.rounds import OfflineData, OnlineData
 from trainer.plan import BatchPlan
 from trainer.runlog import RunLog
@@ -15,7 +16,7 @@ from trainer.tokenize import ChatTokenizer
 
 
 def load_data(
-    spec: JobSpec, recipe, chat: ChatTokenizer, acc, out_dir: Path, log: RunLog
+    spec: JobSpec, recipe, chat: ChatTokenizer, acc, out_dir: Path, log: RunLog, model_dir: Path
 ) -> tuple[OfflineData | OnlineData, int]:
     """(the data, total optimizer steps). Read and tokenised a record at a time, the tokens
     kept in a memory-mapped file (trainer.datastore): the file is never held whole. Same
@@ -27,7 +28,14 @@ def load_data(
         if fmt not in spec.training_formats:
             raise ValueError(f"online jobs sample from prompt files, got {fmt}")
         assert spec.max_steps is not None  # JobSpec requires it of online jobs
-        data = OnlineData(spec, recipe, chat, reader, acc, spec.max_steps, directory=out_dir)
+        assert spec.online is not None
+        if spec.online.is_async:  # a sampler process beside the trainer (contract.online_async)
+            data: OnlineData = AsyncOnlineData(
+                spec, recipe, chat, reader, acc, spec.max_steps, directory=out_dir,
+                model_dir=model_dir,
+            )
+        else:
+            data = OnlineData(spec, recipe, chat, reader, acc, spec.max_steps, directory=out_dir)
         log.event(
             "data", f"{len(data.records)} prompts ({fmt}) for online sampling", skipped=data.skipped
         )

@@ -41,11 +41,12 @@ from trainer.modeling import (
     resolve_model,
 )
 from trainer.modeling.card import finish_export
+from trainer.online.async_data import AsyncOnlineData
 from trainer.online.rounds import OnlineData
 from trainer.process import RunResult, make_accelerator, seed_everything
 from trainer.quality import data_quality, quality_batches
 from trainer.recipes import LossContext, make_recipe
-from trainer.reference import make_reference
+from trainer.reference import Lookahead, make_reference
 from trainer.rundata import load_data
 from trainer.runlog import ProgressEvents, RunLog
 from trainer.seeds import derive_seed
@@ -94,7 +95,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
-        self.data, self.total = load_data(spec, self.recipe, self.chat, acc, self.out_dir, self.log)
+        self.data, self.total = load_data(
+            spec, self.recipe, self.chat, acc, self.out_dir, self.log, self.model_dir
+        )
 
         # Rows per forward: chosen from the estimate and the memory this process has, unless
         # the spec sets grad_accum (contract.micro_batch.choose_micro_batch); before the model is
@@ -220,7 +223,13 @@ class Trainer:
             **stats,
             **({"sampler": sampler} if sampler else {}),
         )
-        self._refresh_reference(step - 1)
+        if isinstance(data, AsyncOnlineData) and not self.sync.periodic:
+            # plain online: the round's reference is the policy that sampled it, as scored by
+            # the sampler (GRPO's π_old), never recomputed with the newer weights trained now
+            assert isinstance(self.reference, Lookahead)  # every online reference looks ahead
+            self.reference.install(step, data.round_rows(self.batch_for), data.behaviour())
+        else:
+            self._refresh_reference(step - 1)
         return stats
 
     def batch_for(self, step: int, micro: int) -> TokenBatch:
@@ -287,6 +296,8 @@ class Trainer:
                 break
             except torch.OutOfMemoryError as error:
                 self._out_of_memory(step, error)  # one process: halved, redo the step
+        if isinstance(self.data, AsyncOnlineData):  # version step + 1 to the sampler
+            round_stats = round_stats | self.data.after_step(step, self.unwrapped)
         elapsed = time.perf_counter() - t0
         metrics.update(
             step_time=elapsed,
@@ -294,6 +305,8 @@ class Trainer:
             tokens_per_s=tokens * acc.num_processes / elapsed,
             **round_stats,
         )
+        if isinstance(self.data, AsyncOnlineData):
+            metrics.update(self.data.shares(round_stats, elapsed))
         return metrics
 
     def _update(self, step: int) -> tuple[dict[str, float], int, float]:
@@ -305,6 +318,8 @@ class Trainer:
         micro = [self.data.micro(step, m) for m in range(accum)]
         batches = [self.batch_for(step, m) for m in range(accum)]
         ctx = LossContext(humanline=self.humanline, length_normalize=spec.length_normalize)
+        if isinstance(self.data, AsyncOnlineData) and self.data.cfg.is_cap is not None:
+            ctx.behaviour, ctx.is_cap = self.data.behaviour(), self.data.cfg.is_cap
         if self.humanline is not None and self.humanline.mode == "sample":
             # a per-step stream, so a resumed run draws the same Beta samples
             seed = derive_seed(spec.seed, "humanline", step, acc.process_index)
@@ -381,23 +396,27 @@ class Trainer:
         )
         status, step, metrics = "succeeded", self.start, {}
         progress = ProgressEvents(log, self.start, self.total)
-        for step in range(self.start + 1, self.total + 1):
-            metrics = self.step(step)
-            # every process must agree on stopping, or the collectives below would hang: the
-            # ranks that saw a STOP file were counted with the step's metrics (one transfer)
-            stop = metrics.pop(STOP) > 0
-            if step % spec.log_every == 0 or step == self.total:
-                log.metrics(step, metrics)
-            progress.after(step, metrics.get("loss"))
-            bar.update(1)
-            bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
-            due = spec.checkpoint_every and step % spec.checkpoint_every == 0
-            if due or stop or step == self.total:
-                self.save(step)
-            if stop and step < self.total:
-                status = "stopped"
-                log.event("stopped", f"stopped at step {step} on request", step=step)
-                break
+        try:  # the data holds processes (the async sampler): never left behind on an error
+            for step in range(self.start + 1, self.total + 1):
+                metrics = self.step(step)
+                # every process must agree on stopping, or the collectives below would hang: the
+                # ranks that saw a STOP file were counted with the step's metrics (one transfer)
+                stop = metrics.pop(STOP) > 0
+                if step % spec.log_every == 0 or step == self.total:
+                    log.metrics(step, metrics)
+                progress.after(step, metrics.get("loss"))
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}")
+                due = spec.checkpoint_every and step % spec.checkpoint_every == 0
+                if due or stop or step == self.total:
+                    self.save(step)
+                if stop and step < self.total:
+                    status = "stopped"
+                    log.event("stopped", f"stopped at step {step} on request", step=step)
+                    break
+        except BaseException:
+            self.data.close()
+            raise
         bar.close()
         self.data.close()
 

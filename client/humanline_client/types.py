@@ -452,6 +452,10 @@ class OnlineParams(TypedDict, total=False):
     engine: Literal["auto", "vllm", "hf"]
     prompt_budget: float
     vllm: VLLMParams
+    mode: Literal["sync", "async"]  # async: a sampler process beside the trainer
+    lag: int | None  # async: step t trains on samples of the policy of step max(1, t - lag)
+    is_cap: float | None  # async GRPO: truncated importance weight against the sampler
+    sampler_threads: int | None
 
 
 class OpenAIJudgeParams(TypedDict, total=False):

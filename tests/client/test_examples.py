@@ -127,3 +127,24 @@ def test_online_grpo_example_with_the_embedded_worker(real_worker_server):
                       timeout=600).stdout  # fmt: skip
     assert "status: succeeded" in out
     assert "round at step 1:" in out and "round at step 2:" in out and "math_accuracy" in out
+
+
+@pytest.mark.slow
+def test_async_online_grpo_through_the_embedded_service(real_worker_server):
+    """online.mode async through the service: the job object shows the resolved mode and lag,
+    every round reports the version that sampled it, and the job report draws the
+    utilisation panels."""
+    _, key = real_worker_server.new_team()
+    out = run_example(real_worker_server, key, "online_grpo_math.py", "--model", "tiny-llama",
+                      "--steps", "3", "--sample-every", "1", "--max-new-tokens", "8",
+                      "--lag", "1", timeout=600).stdout  # fmt: skip
+    assert "status: succeeded" in out
+    assert "sampled by version 1 (lag 0)" in out  # step 1: max(1, 1 - 1)
+    assert "sampled by version 1 (lag 1)" in out and "sampled by version 2 (lag 1)" in out
+    with Client(base_url=real_worker_server.url, api_key=key) as client:
+        (job,) = client.jobs.list(metadata={"example": "online_grpo_math"}).to_list()
+        assert job.spec["online"]["mode"] == "async" and job.spec["online"]["lag"] == 1
+        started = [e for e in client.jobs.events(job.id) if e.kind == "started"][-1]
+        assert started.data["online_mode"] == "async" and started.data["online_lag"] == 1
+        html = client.jobs.report(job.id, format="html")
+    assert "Async utilisation: shares of the step" in html and "Sample lag" in html

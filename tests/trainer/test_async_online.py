@@ -33,7 +33,9 @@ LORA = {"kind": "lora", "r": 4, "alpha": 8}
 
 @pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory) -> Path:
-    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(9) for b in range(4)]
+    rows = [
+        {"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(9) for b in range(4)
+    ]
     return write_jsonl(tmp_path_factory.mktemp("prompts") / "arith.jsonl", rows)
 
 
@@ -66,12 +68,29 @@ def spec_of(prompt_file, reward_model_dir, *, lag=1, every=1, objective="grpo", 
 class Lagged:
     """The oracle: SamplerProcess's interface, in process, from kept copies of each version."""
 
-    def __init__(self, spec, model_dir, total, workdir, initial, *, version, first_round,
-                 cursor, threads, timeout, restarts):
+    def __init__(
+        self,
+        spec,
+        model_dir,
+        total,
+        workdir,
+        initial,
+        *,
+        version,
+        first_round,
+        cursor,
+        threads,
+        timeout,
+        restarts,
+    ):
         self.versions = {version: {k: v.clone() for k, v in initial.items()}}
         self.producer = RoundProducer(spec, model_dir, total, workdir)
         self.producer.data.cursor = cursor
-        self.lag, self.every, self.threads = spec.online.resolved_lag, spec.online.sample_every, threads
+        self.lag, self.every, self.threads = (
+            spec.online.resolved_lag,
+            spec.online.sample_every,
+            threads,
+        )
         self.next, self.restarted = first_round, 0
         self.asked: list[tuple[int, int]] = []  # (round, version it was sampled by)
 
@@ -114,13 +133,18 @@ def same_run(a: Path, b: Path, steps: int) -> None:
     ma, mb = metrics(a), metrics(b)
     assert [m["loss"] for m in ma] == [m["loss"] for m in mb] and len(ma) == steps
     assert [m["grad_norm"] for m in ma] == [m["grad_norm"] for m in mb]
-    wa, wb = read_weights(a / "checkpoints" / f"step-{steps}"), read_weights(b / "checkpoints" / f"step-{steps}")
+    wa, wb = (
+        read_weights(a / "checkpoints" / f"step-{steps}"),
+        read_weights(b / "checkpoints" / f"step-{steps}"),
+    )
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 CASES = {
     "grpo-L1": dict(lag=1),
-    "grpo-humanline-lora-L3": dict(lag=3, variant="online+humanline", adapter=LORA, max_steps=6),
+    "grpo-humanline-lora-L3-is": dict(
+        lag=3, variant="online+humanline", adapter=LORA, max_steps=6, is_cap=2.0
+    ),
     "dpo-lora-L1-rounds": dict(lag=1, every=2, objective="dpo", adapter=LORA),
 }
 
@@ -146,7 +170,9 @@ def test_lag_zero_is_the_sync_job(tmp_path, prompt_file, reward_model_dir, monke
     """`lag: 0` runs no sampler process: the synchronous job, bitwise."""
     spec = spec_of(prompt_file, reward_model_dir, lag=0, max_steps=2)
     assert not spec.online.is_async and spec.summary()["online_lag"] == 0
-    sync = spec.model_copy(update={"online": spec.online.model_copy(update={"mode": "sync", "lag": None})})
+    sync = spec.model_copy(
+        update={"online": spec.online.model_copy(update={"mode": "sync", "lag": None})}
+    )
     run(spec, tmp_path / "lag0", monkeypatch)
     run(sync, tmp_path / "sync", monkeypatch)
     same_run(tmp_path / "lag0", tmp_path / "sync", 2)
@@ -248,8 +274,10 @@ def test_a_sampler_that_cannot_deliver_fails_the_job_in_bounded_time(
         train_mod.train(spec, tmp_path, progress=False)
     assert time.monotonic() - t0 < 90
     why = str(failed.value)
-    assert ("failed 2 times" in why and "exited with code -9" in why) if pipeline is KillAlways else (
-        "delivered no round in 4 s" in why
+    assert (
+        ("failed 2 times" in why and "exited with code -9" in why)
+        if pipeline is KillAlways
+        else ("delivered no round in 4 s" in why)
     )
     assert set(_children()) <= before  # the stuck one too: killed, not left stopped
 
@@ -267,5 +295,58 @@ def test_resume_rebuilds_the_lag_pipeline(tmp_path, prompt_file, reward_model_di
     whole, resumed = metrics(tmp_path / "whole"), metrics(tmp_path / "part")
     assert [m["step"] for m in resumed] == [3, 4]
     assert [m["loss"] for m in resumed] == [m["loss"] for m in whole[2:]]
-    wa, wb = read_weights(tmp_path / "whole" / "checkpoints" / "step-4"), read_weights(part / "step-4")
+    wa, wb = (
+        read_weights(tmp_path / "whole" / "checkpoints" / "step-4"),
+        read_weights(part / "step-4"),
+    )
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_sampler_dies_with_its_trainer(tmp_path, prompt_file, reward_model_dir):
+    """Cancel kills the trainer's process group; a trainer killed alone (SIGKILL: no clean-up
+    runs) still takes its sampler with it (PR_SET_PDEATHSIG): nothing is orphaned."""
+    import subprocess
+    import sys
+    import time
+
+    spec = spec_of(prompt_file, reward_model_dir, lag=1, max_steps=400)
+    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "run", str(tmp_path / "spec.json"), "--out",
+         str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+    def children_of(pid: int) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if entry.isdigit() and int(stat[1]) == pid and stat[0] != "Z":
+                found.append(int(entry))
+        return found
+
+    def sampler() -> int | None:
+        for pid in children_of(trainer.pid):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        return None
+
+    try:
+        deadline = time.monotonic() + 120
+        while (child := sampler()) is None and time.monotonic() < deadline:
+            assert trainer.poll() is None, "the trainer exited before its sampler started"
+            time.sleep(0.2)
+        assert child is not None
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stat = Path(f"/proc/{child}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)

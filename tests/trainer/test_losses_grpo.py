@@ -143,3 +143,22 @@ def test_grpo_first_step_ratio_one_still_has_gradient():
     assert out.metrics["ratio/mean"] == 1.0 and out.metrics["kl"] == 0.0
     out.loss.backward()
     torch.testing.assert_close(pol.grad, -adv[:, None].expand(2, 4) / 8)
+
+
+def test_grpo_truncated_importance_weight_against_the_sampler():
+    """online.is_cap: each token's surrogate × min(exp(ref − behaviour), cap), detached; the KL
+    term is not weighed. ref = 0, so the weight is min(exp(−behaviour), 1.5)."""
+    pol, ref, mask, adv = _batch()
+    behaviour = torch.tensor([[0.0, -1.0, 0.2], [0.3, 0.0, NAN]])
+    # weights: [1, min(e, 1.5) = 1.5, e^-0.2], [e^-0.3, 1]; the masked token's is never read
+    weights = [1.0, 1.5, math.exp(-0.2), math.exp(-0.3), 1.0]
+    out = grpo_loss(pol, ref, mask, adv, EPS, beta_kl=0.1, behaviour=behaviour, is_cap=1.5)
+    kls = [_k3(x) for x in (0.0, 0.5, math.log(0.5), 0.1, -0.5)]
+    terms = zip(SURROGATE, weights, kls, strict=True)
+    assert out.loss.item() == pytest.approx(sum(s * w + 0.1 * k for s, w, k in terms) / 5, abs=1e-6)
+    assert out.metrics["is_weight/mean"] == pytest.approx(sum(weights) / 5, abs=1e-6)
+    out.loss.backward()
+    assert torch.isfinite(pol.grad).all()
+    # the weight is a constant: an unclipped token's gradient is −ρ·A·w/N (+ the KL's)
+    kl_grad = 0.1 * (1 - math.exp(-math.log(0.5))) / 5  # d k3 / d pol at log-ratio log 0.5
+    assert pol.grad[0, 2].item() == pytest.approx(-0.5 * math.exp(-0.2) / 5 + kl_grad, abs=1e-6)

@@ -35,6 +35,8 @@ def grpo_loss(
     humanline: HumanlineParams | None = None,
     generator: torch.Generator | None = None,
     token_normalizer: float | None = None,
+    behaviour: torch.Tensor | None = None,
+    is_cap: float | None = None,
 ) -> LossOutput:
     """Clipped surrogate ``−min(ρA, clip(ρ, 1−ε, 1+ε)A) + β_KL·kl`` summed over tokens / N.
 
@@ -42,6 +44,11 @@ def grpo_loss(
     humanline the ratio is clipped twice: once upstream to [ε_P, ε_R], once by ε here, and a
     clamped token gets no surrogate gradient even where the ε-min picks the unclipped branch.
     The k3 KL ``exp(ref − pol) − (ref − pol) − 1`` uses the raw log-probs: it is never clamped.
+
+    With ``behaviour`` (the async sampler's log-probs of the same tokens, at the version that
+    sampled them) and ``is_cap``, each token's surrogate is weighed by the truncated importance
+    weight ``min(exp(ref − behaviour), is_cap)``, detached: it corrects for the sampler's
+    policy where the ratio's denominator is another one (a humanline reference).
 
     N is ``token_normalizer`` when given (the recipe passes the token count of the whole
     optimizer batch, across ranks and accumulation steps: DAPO's token-level mean), else the
@@ -60,6 +67,10 @@ def grpo_loss(
     log_ref_over_pol = torch.where(keep, ref - pol, 0.0)
     kl = torch.exp(log_ref_over_pol) - log_ref_over_pol - 1.0
     per_token = -surrogate
+    weight = None
+    if behaviour is not None and is_cap is not None:
+        weight = torch.exp(torch.where(keep, ref - behaviour, 0.0)).clamp(max=is_cap).detach()
+        per_token = per_token * weight
     if beta_kl != 0.0:  # skipping it keeps an overflowing exp (inf · 0 = NaN) out of the loss
         per_token = per_token + beta_kl * kl
 
@@ -77,6 +88,7 @@ def grpo_loss(
                 "clip_frac": masked_mean(clipped.to(ratio.dtype), keep),
                 "ratio/mean": masked_mean(ratio, keep),
                 "advantages/mean": advantages.float().mean(),
+                **({"is_weight/mean": masked_mean(weight, keep)} if weight is not None else {}),
             }
         )
     return LossOutput(loss=loss, metrics=metrics)

@@ -183,8 +183,10 @@ def _wrap_lora(model: nn.Module, adapter: AdapterConfig) -> PeftModel:
 # --- weights in and out ----------------------------------------------------------------------
 
 
-def trainable_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """CPU copies of what training changes: the adapter for peft models, else every weight.
+def trainable_state_dict(model: nn.Module, copy: bool = True) -> dict[str, Tensor]:
+    """CPU copies of what training changes: the adapter for peft models, else every weight
+    (`copy=False`: the detached tensors themselves, where they are, for a caller that copies
+    them on at once: the async sampler's weight publication).
 
     Copies, not views: the result is used as a snapshot (checkpoint, reference sync) and must not
     follow later optimizer steps. For a full model that costs one model's worth of host memory.
@@ -195,6 +197,8 @@ def trainable_state_dict(model: nn.Module) -> dict[str, Tensor]:
     else:
         aliases = _aliases(model)
         state = {k: v for k, v in model.state_dict().items() if k not in aliases}
+    if not copy:
+        return {k: v.detach() for k, v in state.items()}
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 

@@ -81,6 +81,17 @@ class AsyncOnlineData(OnlineData):
             "async/sampler_restarts": float(self.pipe.restarted if self.pipe else 0),
         }
 
+    @staticmethod
+    def shares(stats: dict[str, float], step_time: float) -> dict[str, float]:
+        """A step's utilisation: the trainer's wait for its round and the sampler's time
+        producing that round, as shares of the step's wall-clock (0 on steps that open no
+        round). The sampler's share is above 1 when it is the slower side."""
+        wall = max(step_time, 1e-9)
+        return {
+            "async/trainer_wait_share": stats.get("async/wait_time", 0.0) / wall,
+            "async/sampler_busy_share": stats.get("async/sampler_busy_time", 0.0) / wall,
+        }
+
     def behaviour(self) -> dict:
         """Row -> the sampler's log-probs of the current round's training rows."""
         assert self.round is not None and self.round.behaviour is not None

@@ -51,7 +51,7 @@ def behaviour_logps(
             group = unique[i : i + BEHAVIOUR_ROWS]
             batch = collate(group, pad_id, share_prompts=False)
             lp = token_logps(model, batch, temperature)
-            out.update(zip(group, (v.clone() for v in _split_rows(lp, batch)), strict=True))
+            out.update(zip(group, (v.cpu().clone() for v in _split_rows(lp, batch)), strict=True))
     return out
 
 
@@ -63,18 +63,19 @@ class RoundProducer:
     def __init__(self, spec: JobSpec, model_dir: str | Path, total: int, workdir: str | Path):
         assert spec.online is not None
         # the sampler process always runs transformers generate (contract.online_async)
-        spec = spec.model_copy(
-            update={"online": spec.online.model_copy(update={"engine": "hf"})}
-        )
+        online = spec.online.model_copy(update={"engine": "hf"})
+        spec = spec.model_copy(update={"online": online})
         self.spec, self.model_dir, self.total = spec, Path(model_dir), total
-        self.lag, self.every = spec.online.resolved_lag, spec.online.sample_every
+        self.lag, self.every = online.resolved_lag, online.sample_every
         self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
         Path(workdir).mkdir(parents=True, exist_ok=True)
         reader = JsonlReader(spec.training_file)
         self.data = OnlineData(spec, self.recipe, self.chat, reader, Solo(), total, workdir)
-        self.model = load_policy(spec, self.model_dir).eval()
+        # its own device: on a GPU node the visible GPU (the trainer's too on a one-GPU node)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = load_policy(spec, self.model_dir).to(device).eval()
         self.version = 0  # the weights the model holds (0: none loaded yet)
 
     def start(self, r: int) -> int:

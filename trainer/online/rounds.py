@@ -75,6 +75,11 @@ class Round:
     end: int  # last step
     examples: list
     stats: dict[str, float] = field(default_factory=dict)
+    # async (trainer.online.producer): the policy version that sampled the round, its log-probs
+    # of every training row (row -> completion-token log-probs), and the prompt cursor after it
+    version: int = 0
+    behaviour: dict | None = None
+    cursor: int = 0
 
 
 class OnlineData:
@@ -145,10 +150,21 @@ class OnlineData:
     def begin_round(
         self, step: int, policy: torch.nn.Module, model_dir, tokenizer
     ) -> dict[str, float]:
-        """Sample, score and build the examples of the round that starts at `step`."""
+        """Sample, score and build the examples of the round that starts at `step`: it is
+        the current round from now on."""
+        self.round = self.sample_round(step, policy, model_dir, tokenizer)
+        self._plan(self.round)
+        return self.round.stats
+
+    def round_span(self, step: int) -> tuple[int, int]:
+        """(index, last step) of the round that starts at `step`."""
+        every = self.cfg.sample_every
+        return (step - 1) // every, min(step + every - 1, self.total)
+
+    def sample_round(self, step: int, policy: torch.nn.Module, model_dir, tokenizer) -> Round:
+        """The round that starts at `step`, sampled by `policy` (advances the prompt cursor)."""
         cfg = self.cfg
-        index = (step - 1) // cfg.sample_every
-        end = min(step + cfg.sample_every - 1, self.total)
+        index, end = self.round_span(step)
         batch = self.spec.examples_per_batch  # GRPO: groups, not sequences
         needed = (end - step + 1) * batch
         per_prompt = self.recipe.examples_per_prompt
@@ -191,8 +207,7 @@ class OnlineData:
                 f"fewer than one batch ({batch}): the completions' rewards "
                 f"rarely differ by tau={cfg.tau}. Check the reward sources, or lower tau."
             )
-        self.round = new = Round(index, step, end, examples[:needed])
-        self._plan(new)
+        new = Round(index, step, end, examples[:needed])
         new.stats = {
             "round/index": float(index),
             "round/prompts": float(used),
@@ -202,7 +217,7 @@ class OnlineData:
             "round/sampled_tokens": totals["sampled_tokens"],
             **{f"reward/{name}": sum(v) / max(len(v), 1) for name, v in scores.items()},
         }
-        return new.stats
+        return new
 
     def _sample_and_score(
         self, sampler: Sampler, chunk: list[dict], seed: int, totals: dict, scores: dict

@@ -70,6 +70,13 @@ def _child_main(job: SamplerJob, ring: list[dict[str, torch.Tensor]], commands, 
     STOP; `results` takes what it reports. Pipes, not queues: no named semaphore to leak."""
     _die_with_parent(job.parent)
     torch.set_num_threads(job.threads)
+    # no progress bars, and no process-shared lock for them: tqdm's default one is a named
+    # semaphore that a killed sampler could not unlink
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    tqdm.set_lock(threading.RLock())
+    hf_logging.disable_progress_bar()
     try:
         from trainer.online.producer import RoundProducer
 
@@ -195,7 +202,8 @@ class SamplerProcess:
             kind = message[0]
             if kind == "round" and message[1] == self.next_round:
                 new: Round = pickle.loads(message[2])
-                new.behaviour = {row: torch.from_numpy(v) for row, v in new.behaviour.items()}
+                sent = new.behaviour or {}
+                new.behaviour = {row: torch.from_numpy(v) for row, v in sent.items()}
                 self.received[message[1]] = new
                 self.busy += message[3]
                 self.next_round, self.cursor = message[1] + 1, new.cursor

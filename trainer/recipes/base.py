@@ -39,6 +39,9 @@ class LossContext:
     # and humanline sample mode's bounds and draws
     z0: torch.Tensor | None = None
     draws: StepDraws | None = None
+    # async GRPO with online.is_cap: the sampler's log-probs of the round's rows (row -> values)
+    behaviour: dict | None = None
+    is_cap: float | None = None
 
     def sequence_options(self, mb: MicroBatch | None = None) -> SequenceOptions:
         """The sequence losses' keywords for micro-batch `mb`: the step's draws where the

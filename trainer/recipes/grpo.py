@@ -13,6 +13,7 @@ from contract.spec import GRPOConfig, JobSpec
 from trainer.losses.grpo import group_advantages, grpo_loss
 from trainer.online.pairs import grpo_groups
 from trainer.recipes.base import LossContext, ObjectiveRecipe, build_pairs
+from trainer.reference import in_layout
 from trainer.tokenize import TokenSeq
 
 
@@ -58,6 +59,9 @@ class GRPORecipe(ObjectiveRecipe[GRPOConfig]):
         advantages = torch.tensor(
             [a for i in mb.indices for a in examples[i].advantages], device=pol.device
         )
+        behaviour = None
+        if ctx.behaviour is not None and ctx.is_cap is not None:  # the sampler's π, this layout
+            behaviour = in_layout(ctx.behaviour, batch).to(pol.device)
         return grpo_loss(
             pol,
             ref,
@@ -68,4 +72,6 @@ class GRPORecipe(ObjectiveRecipe[GRPOConfig]):
             humanline=ctx.humanline,
             generator=ctx.generator,
             token_normalizer=ctx.token_normalizer,
+            behaviour=behaviour,
+            is_cap=ctx.is_cap,
         )
