@@ -82,3 +82,29 @@ def test_job_evaluations_are_checked_at_submission(client, team_a, team_b, train
         )
         assert r.status_code == status, (evaluations, r.text)
         assert r.json()["error"]["field"].startswith(field), r.json()
+
+
+def test_async_online_jobs_are_admitted_with_their_resolved_lag(client, team_a, settings):
+    prompts = upload(client, team_a, PROMPTS).json()["id"]
+    ok = client.post("/v1/jobs", headers=team_a.headers, json=_online(prompts, mode="async"))
+    assert ok.status_code == 201, ok.text
+    online = ok.json()["spec"]["online"]
+    assert (online["mode"], online["lag"]) == ("async", 1)  # the default lag, resolved
+
+    def refused(field: str, **kw) -> str:
+        body = _online(prompts, **kw.pop("online", {}))
+        body.update(kw)
+        r = client.post("/v1/jobs", headers=team_a.headers, json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["field"] == field, r.json()
+        return r.json()["error"]["message"]
+
+    assert "cap of 4" in refused("online.lag", online={"mode": "async", "lag": 5})
+    assert "mode 'async'" in refused("online", online={"lag": 2})  # a lag needs async
+    refused("online", online={"mode": "async", "engine": "vllm"})
+    refused("online", objective="kto", online={"mode": "async"})
+    refused("online.is_cap", online={"mode": "async", "is_cap": -1})
+    refused("parallelism.processes_per_node", online={"mode": "async"},
+            parallelism={"processes_per_node": 2})  # fmt: skip
+    settings.ONLINE_ASYNC = False
+    assert "cannot place a sampler" in refused("online.mode", online={"mode": "async"})
