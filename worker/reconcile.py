@@ -9,8 +9,11 @@ the job; the DB row and the store hold everything, so any worker can pick a job 
     reconcile   `Reconciler.run_once` (Celery beat: worker.tasks.reconcile_jobs, every
                 RECONCILE_SECONDS): each launched job whose lease is free is taken
                 (models.launches: guarded by owner + attempt) for one JobTick:
-        cancelling          cancel the launch → cancelled (at its last checkpoint)
-        not yet submitted   submit (a run_job or a retry that died before its submit)
+        cancelling          delete the launches of this and the previous attempt by their
+                            deterministic names → cancelled (at its last checkpoint)
+        not yet submitted   submit (a run_job or a retry that died before its submit); a
+                            failed submit leaves it unsubmitted, tried again after a backoff
+                            (worker.reconcile_watch): no attempt spent
         poll                pending → event `waiting_for_admission`, starting, running (each
                             once per attempt); rank 0's run log from the store into events,
                             metrics and checkpoint rows (worker.progress.RunProgress on a
@@ -18,9 +21,16 @@ the job; the DB row and the store hold everything, so any worker can pick a job 
         succeeded           the export committed ({team}/{job}/final/_COMPLETE) → recorded,
                             succeeded; the launch removed
         failed / missing    reason and node 0's log tail (scrubbed) → event `attempt_failed`,
-        / hung              the launch removed, attempt + 1 submitted (it resumes from the last
-                            committed checkpoint) while attempt < MAX_JOB_ATTEMPTS, else failed
-        hung                no new step for HANG_SECONDS since the ranks were admitted
+        / hung /            the launch removed, attempt + 1 submitted (it resumes from the last
+        not started         committed checkpoint) while the attempts spent < MAX_JOB_ATTEMPTS,
+                            else failed; a disruption (DisruptionTarget) spends none
+        hung                no new step for HANG_SECONDS since the ranks were admitted (time
+                            suspended never counts: worker.reconcile_watch)
+        not started         admitted, ranks not all running START_DEADLINE_SECONDS later
+        suspended again     Kueue preempted it: event `suspended`; its pods resume (--resume)
+        never admitted      ADMISSION_TIMEOUT_SECONDS suspended: failed, with Kueue's reason
+    sweep       every TRAINJOB_SWEEP_SECONDS: labelled TrainJobs of ended jobs or of earlier
+                attempts are deleted (orphans of a worker that died after a create).
     Every write goes in one transaction with the lease renewal (fenced by owner + attempt);
     a reconcile that stalls past its lease and was taken over writes nothing. The reaper and
     run_job claims leave these rows alone (models.launches.not_reconciled).
@@ -87,10 +97,11 @@ class Reconciler(ReconcileContext):
 
     def sweep(self) -> list[str]:
         """Every TRAINJOB_SWEEP_SECONDS: delete the labelled TrainJobs no reconcile follows:
-        of a job that is gone or has ended, or of an attempt before the job's current one (a
-        worker that died between a create and its record, a cancel that raced a submit).
-        Returns the names deleted. Only where multi-node jobs ever ran (no cluster client
-        before)."""
+        of a job that has ended, or of an attempt before the job's current one (a worker that
+        died between a create and its record, a cancel that raced a submit). A job id this
+        database does not know is left alone (jobs are never deleted: another deployment's,
+        sharing the namespace). Returns the names deleted. Only where multi-node jobs ever ran
+        (no cluster client before)."""
         now, period = self.clock(), float(self.settings.TRAINJOB_SWEEP_SECONDS)
         if self._swept_at is not None and (now - self._swept_at).total_seconds() < period:
             return []
@@ -109,9 +120,8 @@ class Reconciler(ReconcileContext):
             orphans = [
                 name
                 for name, job_id, attempt in found
-                if job_id not in jobs
-                or job_states.is_terminal(jobs[job_id][0])
-                or attempt < jobs[job_id][1]
+                if job_id in jobs
+                and (job_states.is_terminal(jobs[job_id][0]) or attempt < jobs[job_id][1])
             ]
             for name in orphans:
                 log.warning("sweep: deleting orphaned TrainJob %s", name)

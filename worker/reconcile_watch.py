@@ -66,9 +66,7 @@ def overdue(
     elif not state.get("ran") and now - admitted > start_s:
         # all ranks never ran since this admission (once they have, a rank that ends before
         # node 0's export is not a slow start)
-        why = status.message or (
-            "no pod was created (no JobSet?)" if status.ranks_running == 0 else "pods pending"
-        )
+        why = status.message or "ranks not running"
         text = f"{status.ranks_running} of {status.ranks_total} ranks running"
         return "not_started", f"{text} {now - admitted:.0f} s after admission: {why}"
     marker = [heartbeat, state.get("metrics_offset", 0), state.get("events_offset", 0)]

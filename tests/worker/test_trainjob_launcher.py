@@ -156,7 +156,7 @@ def test_a_jobset_that_cannot_be_created_fails_with_the_events_reason(fake_k8s: 
     tj = launcher(fake_k8s, queue=None)
     name = tj.submit(request())
     status = tj.poll(name)
-    assert status.state == LaunchState.STARTING and status.message is None
+    assert (status.state, status.message) == (LaunchState.STARTING, "no pod created (no JobSet?)")
     fake_k8s.creation_fails(name, 'pods "x" is forbidden: violates PodSecurity "restricted"')
     status = tj.poll(name)
     assert (status.state, status.reason) == (LaunchState.FAILED, "TrainJobResourcesCreationFailed")

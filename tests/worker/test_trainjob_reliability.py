@@ -74,7 +74,7 @@ def test_a_trainjob_whose_jobset_never_comes_fails_its_attempt_within_minutes(k8
     assert env.tick(300) == {job_id: "starting"}
     assert env.tick(301) == {job_id: "launched"}  # 601 s > START_DEADLINE_SECONDS
     (failed,) = failures(env, job_id)
-    assert failed["reason"] == "not_started" and "no pod was created" in failed["message"]
+    assert failed["reason"] == "not_started" and "no pod created" in failed["message"]
     # Trainer's Event names the real cause: the attempt ends on the next reconcile
     second = env.launcher.launch_name(job_id, 2)
     assert names(fake_k8s) == [second] and first != second
@@ -141,13 +141,15 @@ def test_the_sweep_deletes_trainjobs_of_ended_jobs_and_old_attempts(k8s, fake_k8
     old = {**fake_k8s.trainjob(current), "metadata": {**meta, "name": "hl-old", "labels": labels}}
     fake_k8s.trainjobs[("default", "hl-old")] = old
     fake_k8s.trainjobs[("default", "not-ours")] = {"metadata": {"name": "not-ours"}}
+    stranger = {"humanline.dev/job-id": "job-of-another-deployment", "humanline.dev/attempt": "1"}
+    fake_k8s.trainjobs[("default", "theirs")] = {"metadata": {"name": "theirs", "labels": stranger}}
     env.tick()
-    assert names(fake_k8s) == sorted([current, "not-ours"])
+    assert names(fake_k8s) == sorted([current, "not-ours", "theirs"])
     fake_k8s.trainjobs[("default", "hl-old")] = old
     env.tick(60)
     assert "hl-old" in names(fake_k8s)  # the next sweep waits its period
     env.tick(300)
-    assert names(fake_k8s) == sorted([current, "not-ours"])
+    assert names(fake_k8s) == sorted([current, "not-ours", "theirs"])
 
 
 def test_an_admission_that_never_comes_fails_with_kueues_reason(k8s, fake_k8s):

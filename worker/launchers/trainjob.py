@@ -198,7 +198,9 @@ class TrainJobLauncher:
         failed = explain.creation_failure(warnings)
         if failed is not None:
             return LaunchStatus(LaunchState.FAILED, *failed, ranks_running=ranks, ranks_total=total)
-        why = explain.summary(warnings)
+        why = explain.summary(warnings) or (
+            f"{len(pods)} of {nodes} pods created" if pods else "no pod created (no JobSet?)"
+        )
         return LaunchStatus(LaunchState.STARTING, None, why, ranks, total)
 
     def list_launches(self) -> list[tuple[str, str, int]]:
