@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import select
 
 from models import jobs as job_states
-from models.tables import Job
+from models.tables import Job, JobEvent
 from storage.keys import run_spec_key
 from tests.worker.reconcile_fakes import commit_checkpoint, put_run_log
 from tests.worker.test_reconcile import Env, _events
@@ -184,3 +185,20 @@ def test_a_drained_node_spends_no_attempt(k8s, fake_k8s):
     fake_k8s.fail_jobs(second, "node 0 exited 1")
     assert env.tick() == {job_id: "failed"}  # a real failure spends it
     assert "1 attempts exhausted" in env.job(job_id).error["message"]
+
+
+def test_a_cpu_job_asks_for_no_gpu_and_the_memory_of_its_estimate(k8s, fake_k8s):
+    env = k8s()
+    job_id = env.make_job()
+    with env.sessions() as s:  # what POST /v1/jobs records: the estimate in `created`
+        event = s.execute(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "created")
+        ).scalar_one()
+        event.data = {**event.data, "estimate": {"memory_gib_per_process": 6.0}}
+        s.commit()
+    env.runner.run(job_id)
+    trainer = fake_k8s.trainjob(env.launcher.launch_name(job_id, 1))["spec"]["trainer"]
+    assert trainer["resourcesPerNode"] == {  # 1 process per node, 6 GiB x 1.25
+        "requests": {"cpu": "1", "memory": "8Gi", "nvidia.com/gpu": "0"},
+        "limits": {"nvidia.com/gpu": "0"},
+    }
