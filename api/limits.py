@@ -117,6 +117,16 @@ def upload_limiter(state: Any) -> SlotLimiter:
     ))  # fmt: skip
 
 
+def webhook_create_limiter(state: Any) -> SlotLimiter:
+    """The app's cap on webhook creates in progress (each may wait for its URL's lookup):
+    WEBHOOK_CREATES_PER_TEAM, WEBHOOK_CREATES."""
+    return _limiter(state, "webhook_create_slots", lambda s: SlotLimiter(
+        "webhook creates in progress", per_team=s.WEBHOOK_CREATES_PER_TEAM,
+        total=s.WEBHOOK_CREATES, per_team_setting="WEBHOOK_CREATES_PER_TEAM",
+        total_setting="WEBHOOK_CREATES",
+    ))  # fmt: skip
+
+
 def stream_limiter(state: Any) -> SlotLimiter:
     """The app's cap on open event streams (STREAMS_PER_TEAM, STREAMS_TOTAL)."""
     return _limiter(state, "stream_slots", lambda s: SlotLimiter(

@@ -288,7 +288,27 @@ class Settings(BaseSettings):
         None, description="Accept http:// webhook URLs. None: only with the embedded worker "
         "(BROKER_URL=memory://); production requires https.",
     )
-    WEBHOOK_TIMEOUT_SECONDS: float = Field(10.0, gt=0, description="One delivery attempt.")
+    WEBHOOK_TIMEOUT_SECONDS: float = Field(
+        10.0, gt=0, le=300, description="One delivery attempt, all of it (DNS, connect, TLS, "
+        "request, response headers): a deadline, not a per-read timeout.",
+    )
+    WEBHOOK_DNS_TIMEOUT_SECONDS: float = Field(
+        2.0, gt=0, le=30, description="A webhook host's DNS lookup, at create and at delivery."
+    )
+    WEBHOOK_SENDERS_PER_TEAM: int = Field(
+        2, ge=1, description="Endpoints of one team being sent to at once (all workers)."
+    )
+    WEBHOOK_SENDERS: int = Field(
+        8, ge=1, description="Endpoints the embedded worker sends to at once (under Celery: "
+        "the concurrency of the workers on the webhook queue).",
+    )
+    WEBHOOK_CREATES_PER_TEAM: int = Field(
+        2, ge=1, description="Webhook creates of one team in progress at once (their URL's "
+        "lookup); more: 429.",
+    )
+    WEBHOOK_CREATES: int = Field(
+        16, ge=1, description="Webhook creates in progress in one API process; more: 503."
+    )
     WEBHOOK_MAX_ATTEMPTS: int = Field(
         8, ge=1, description="Attempts of one delivery before it is marked failed."
     )

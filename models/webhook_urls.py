@@ -9,9 +9,12 @@ WEBHOOKS_ALLOWED_CIDRS, or WEBHOOKS_ALLOW_PRIVATE is set.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -85,8 +88,9 @@ def allowed_address(ip: IPAddress, settings: Settings) -> bool:
     )
 
 
-def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> Target:
-    """The vetted target of `url`, or UrlRefused."""
+def split_url(url: str, settings: Settings) -> tuple[str, str, int, list[str] | None]:
+    """(scheme, host, port, [the host] when it is an IP literal, else None), or UrlRefused:
+    every check that needs no lookup."""
     try:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -102,14 +106,17 @@ def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> 
         raise UrlRefused("must not carry credentials (user:password@)")
     host = parts.hostname
     try:
-        literal = ipaddress.ip_address(host)
-        names = [str(literal)]
+        return parts.scheme, host, port, [str(ipaddress.ip_address(host))]
     except ValueError:
-        try:
-            names = resolver(host, port)
-        except (OSError, UnicodeError, ValueError):
-            raise UrlRefused(f"host {host!r} does not resolve") from None
-    addresses = tuple(ipaddress.ip_address(name.split("%")[0]) for name in names)
+        return parts.scheme, host, port, None
+
+
+def vet(scheme: str, host: str, port: int, names: list[str], settings: Settings) -> Target:
+    """The Target of `host` resolved to `names`, or UrlRefused if any is not allowed."""
+    try:
+        addresses = tuple(ipaddress.ip_address(name.split("%")[0]) for name in names)
+    except ValueError:
+        raise UrlRefused(f"host {host!r} does not resolve") from None
     if not addresses:
         raise UrlRefused(f"host {host!r} does not resolve")
     for ip in addresses:
@@ -119,4 +126,61 @@ def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> 
                 "non-public address; the operator may allow it (WEBHOOKS_ALLOWED_CIDRS, "
                 "WEBHOOKS_ALLOW_PRIVATE)"
             )
-    return Target(parts.scheme, host, port, addresses)
+    return Target(scheme, host, port, addresses)
+
+
+def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> Target:
+    """The vetted target of `url`, or UrlRefused (the lookup by `resolver`, in this thread)."""
+    scheme, host, port, names = split_url(url, settings)
+    if names is None:
+        try:
+            names = resolver(host, port)
+        except (OSError, UnicodeError, ValueError):
+            raise UrlRefused(f"host {host!r} does not resolve") from None
+    return vet(scheme, host, port, names, settings)
+
+
+# --- lookups with a deadline ---------------------------------------------------------------------
+#
+# getaddrinfo cannot be interrupted: a slow name server holds the thread that asked. The lookups
+# of webhook hosts run in a small pool of their own, and the asker waits at most `timeout`
+# seconds for the answer; a lookup past it leaves its thread to finish alone (the pool's size
+# bounds how many can), never the API's request threads or the event loop.
+
+_LOOKUPS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="webhook-dns")
+
+
+def _too_slow(host: str, timeout: float) -> UrlRefused:
+    return UrlRefused(f"host {host!r} did not resolve within {timeout:g}s")
+
+
+def bounded(resolver: Resolver, timeout: float) -> Resolver:
+    """`resolver`, answering within `timeout` seconds or raising UrlRefused."""
+
+    def lookup(host: str, port: int) -> list[str]:
+        future = _LOOKUPS.submit(resolver, host, port)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise _too_slow(host, timeout) from None
+
+    return lookup
+
+
+async def check_url_async(
+    url: str, settings: Settings, *, resolver: Resolver | None = None
+) -> Target:
+    """check_url for the event loop: the lookup in the pool above, awaited at most
+    WEBHOOK_DNS_TIMEOUT_SECONDS (`resolver`: this module's `resolve`, read at each call)."""
+    scheme, host, port, names = split_url(url, settings)
+    if names is None:
+        timeout = settings.WEBHOOK_DNS_TIMEOUT_SECONDS
+        future = _LOOKUPS.submit(resolver or resolve, host, port)
+        try:
+            names = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except TimeoutError:
+            raise _too_slow(host, timeout) from None
+        except (OSError, UnicodeError, ValueError):
+            raise UrlRefused(f"host {host!r} does not resolve") from None
+    return vet(scheme, host, port, names, settings)

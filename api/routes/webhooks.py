@@ -6,7 +6,9 @@
     DELETE /v1/webhooks/{id}                 delete: nothing more is sent to it
     GET    /v1/webhooks/{id}/deliveries      the delivery log: each event, its attempts
 
-The URL passes the SSRF guard of models.webhook_urls here and again at every delivery.
+The URL passes the SSRF guard of models.webhook_urls here and again at every delivery. A create
+never blocks other requests: its lookup runs outside the request threads, with a timeout, and
+creates in progress are bounded per team and per process (api.limits).
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentTeam, IdempotencyDep, SessionDep, SettingsDep
+from api.deps import CurrentTeam, Idempotency, IdempotencyDep, SessionDep, SettingsDep
 from api.errors import api_error
+from api.limits import webhook_create_limiter
 from api.paging import DEFAULT_LIMIT, Cursor, Limit, fetch_page, newest_first, page_of
 from api.schemas import Deleted, Page, error_responses
-from models.webhook_urls import UrlRefused, check_url
+from models.webhook_urls import UrlRefused, check_url_async, split_url
 from models.webhooks import (
     WEBHOOK_EVENTS,
     WebhookAttempt,
@@ -121,32 +126,25 @@ def _owned(session: Any, webhook_id: str, team_id: str) -> WebhookEndpoint:
 WebhookId = Annotated[str, Path(max_length=64)]
 
 
-@router.post("", status_code=201, response_model=WebhookOut, responses=_ERRORS)
-def create_webhook(
-    body: WebhookCreate,
-    team: CurrentTeam,
-    session: SessionDep,
-    settings: SettingsDep,
-    idem: IdempotencyDep,
-):
-    """Register a URL for the team's events. The response carries the signing `secret`; it
-    is never shown again (delete and create the endpoint to get a new one), except to a
-    retry with the same Idempotency-Key."""
-    if (replayed := idem.replay(body)) is not None:
-        return replayed
-    try:  # resolves the host (a sync route: in a worker thread, not the event loop)
-        check_url(body.url, settings)
-    except UrlRefused as exc:
-        raise api_error(400, f"url {exc}", field="url") from None
-    team_id = team.id
-    count = len(session.scalars(
-        select(WebhookEndpoint.id).where(WebhookEndpoint.team_id == team_id)
-    ).all())  # fmt: skip
+def _count(session: Session, team_id: str) -> int:
+    """The team's endpoints; the transaction ends (no connection is held across a lookup)."""
+    n = session.scalar(
+        select(func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.team_id == team_id)
+    )
+    session.commit()
+    return int(n or 0)
+
+
+def _over_cap(count: int) -> None:
     if count >= MAX_ENDPOINTS_PER_TEAM:
         raise api_error(
             429, f"at most {MAX_ENDPOINTS_PER_TEAM} webhooks per team",
             headers={"x-should-retry": "false"},
-        )
+        )  # fmt: skip
+
+
+def _insert(session: Session, team_id: str, body: WebhookCreate, idem: Idempotency):
+    _over_cap(_count(session, team_id))  # again: a concurrent create may have taken the room
     secret = new_secret()
     row = WebhookEndpoint(
         team_id=team_id, url=body.url, events=body.events, description=body.description,
@@ -158,6 +156,43 @@ def create_webhook(
     if (winner := idem.commit(201, out)) is not None:
         return winner
     return JSONResponse(out, status_code=201)
+
+
+@router.post("", status_code=201, response_model=WebhookOut, responses=_ERRORS)
+async def create_webhook(
+    request: Request,
+    body: WebhookCreate,
+    team: CurrentTeam,
+    session: SessionDep,
+    settings: SettingsDep,
+    idem: IdempotencyDep,
+):
+    """Register a URL for the team's events. The response carries the signing `secret`; it
+    is never shown again (delete and create the endpoint to get a new one), except to a
+    retry with the same Idempotency-Key.
+
+    The URL's host is looked up in the event loop, for at most WEBHOOK_DNS_TIMEOUT_SECONDS,
+    holding no request thread and no database connection; a team may have
+    WEBHOOK_CREATES_PER_TEAM creates in progress (more: 429), the process WEBHOOK_CREATES
+    (more: 503). A team at its endpoint cap is refused before any lookup."""
+    slot = webhook_create_limiter(request.app.state).acquire(team.id)
+    try:
+        if (replayed := await run_in_threadpool(idem.replay, body)) is not None:
+            return replayed
+        try:
+            split_url(body.url, settings)  # what needs no lookup, first
+        except UrlRefused as exc:
+            raise api_error(400, f"url {exc}", field="url") from None
+        _over_cap(await run_in_threadpool(_count, session, team.id))
+        request.state.db_slot.release()  # the lookup may take seconds
+        try:
+            await check_url_async(body.url, settings)
+        except UrlRefused as exc:
+            raise api_error(400, f"url {exc}", field="url") from None
+        await request.state.db_slot.acquire()
+        return await run_in_threadpool(_insert, session, team.id, body, idem)
+    finally:
+        slot.release()
 
 
 @router.get("", response_model=Page[WebhookOut], responses=_ERRORS)
@@ -183,9 +218,7 @@ def delete_webhook(webhook_id: WebhookId, team: CurrentTeam, session: SessionDep
     return Deleted(id=webhook_id, object="webhook_endpoint")
 
 
-@router.get(
-    "/{webhook_id}/deliveries", response_model=Page[DeliveryOut], responses=_ERRORS
-)
+@router.get("/{webhook_id}/deliveries", response_model=Page[DeliveryOut], responses=_ERRORS)
 def list_deliveries(
     webhook_id: WebhookId,
     team: CurrentTeam,
@@ -197,9 +230,7 @@ def list_deliveries(
     duration)."""
     endpoint = _owned(session, webhook_id, team.id)
     query = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint.id)
-    rows = list(
-        session.execute(newest_first(query, WebhookDelivery.id, after, limit)).scalars()
-    )
+    rows = list(session.execute(newest_first(query, WebhookDelivery.id, after, limit)).scalars())
     page = page_of(rows, limit, DeliveryOut)
     seqs = {r.id: r.seq for r in rows[:limit]}
     attempts: dict[int, list[AttemptOut]] = defaultdict(list)
