@@ -64,7 +64,7 @@ def test_a_lost_node_is_retried_then_the_job_succeeds_and_nothing_is_left(k8s_en
 
     # node 1 lost: the TrainJob fails; the retry resumes from step 2 on a new TrainJob
     fake_k8s.set_pods(first, ["Failed", "Failed"], log="NCCL watchdog timeout on rank 1")
-    fake_k8s.set_condition(first, "Failed", reason="PodFailed", message="node 1 lost")
+    fake_k8s.fail_jobs(first, "node 1 lost")  # Trainer's reason: FailedJobs
     assert env.tick() == {job_id: "launched"}
     second = env.launcher.launch_name(job_id, 2)
     assert names(fake_k8s) == [second]  # the failed one deleted, not orphaned
@@ -76,7 +76,7 @@ def test_a_lost_node_is_retried_then_the_job_succeeds_and_nothing_is_left(k8s_en
     put_run_log(env.store, env.team, job_id, 2, steps=4, checkpoints=[2, 4])
     commit_checkpoint(env.store, env.team, job_id, 4, env.tmp)
     commit_final(env.store, env.team, job_id, env.tmp)
-    fake_k8s.set_condition(second, "Complete", reason="JobSetCompleted")
+    fake_k8s.complete(second)  # AllJobsCompleted
     env.tick()
     assert env.tick(5) in ({}, {job_id: "succeeded"})
     assert env.job(job_id).status == "succeeded"
@@ -90,7 +90,7 @@ def test_the_budget_spent_fails_the_job_with_nothing_left_on_the_cluster(k8s_env
     for attempt in (1, 2):
         name = env.launcher.launch_name(job_id, attempt)
         fake_k8s.set_pods(name, ["Failed", "Running"], log="rendezvous timed out")
-        fake_k8s.set_condition(name, "Failed", reason="PodFailed")
+        fake_k8s.fail_jobs(name)
         env.tick()
     job = env.job(job_id)
     assert job.status == "failed" and "2 attempts exhausted" in job.error["message"]
