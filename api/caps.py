@@ -214,8 +214,8 @@ def check_memory(
 
 
 def _check_async(spec: JobSpec, settings: Settings) -> None:
-    """An async online job needs a worker that can place its sampler process beside one
-    training process (contract.online_async)."""
+    """An async online job needs a worker that can place its sampler process beside the
+    trainer (contract.online_async)."""
     if spec.online is None or not spec.online.is_async:
         return
     if not settings.ONLINE_ASYNC:
@@ -224,11 +224,4 @@ def _check_async(spec: JobSpec, settings: Settings) -> None:
             "online.mode 'async': this service cannot place a sampler process beside the "
             "trainer (ONLINE_ASYNC is off); use mode 'sync'",
             field="online.mode",
-        )
-    if (spec.parallelism.processes_per_node or 1) > 1:
-        raise api_error(
-            422,
-            "online.mode 'async' trains in one process (the sampler takes the other cores "
-            "or GPUs); set parallelism.processes_per_node to 1",
-            field="parallelism.processes_per_node",
         )

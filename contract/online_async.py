@@ -80,7 +80,9 @@ class AsyncFields(BaseModel):
         return self.resolved_lag > 0
 
 
-def async_refusal(objective: str, online: AsyncFields | None, nodes: int) -> tuple[str, str] | None:
+def async_refusal(
+    objective: str, online: AsyncFields | None, nodes: int, strategy: str
+) -> tuple[str, str] | None:
     """(field, reason) when the job cannot run asynchronously as asked, else None."""
     if online is None or online.mode == "sync":
         return None
@@ -90,6 +92,8 @@ def async_refusal(objective: str, online: AsyncFields | None, nodes: int) -> tup
         return "online", "online.is_cap weighs GRPO's surrogate; it needs objective grpo"
     if nodes > 1:
         return "parallelism", "online.mode 'async' runs on one node (one sampler process)"
+    if strategy != "ddp":
+        return "parallelism", "online.mode 'async' trains with strategy 'ddp' for now"
     return None
 
 

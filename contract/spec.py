@@ -312,7 +312,8 @@ class JobSpec(_Strict):
             self.online = OnlineConfig()
         if self.data_source == "offline" and self.online is not None:
             raise ValueError("'online' settings need data_source 'online'")
-        if why := async_refusal(self.objective.name, self.online, self.parallelism.nodes):
+        p = self.parallelism
+        if why := async_refusal(self.objective.name, self.online, p.nodes, p.strategy):
             _field_error(why[0], why[1], getattr(self, why[0]))
         if self.humanline and getattr(self.objective, "reference_free", False):
             raise ValueError("humanline needs a reference model; reference_free DPO has none")

@@ -104,7 +104,6 @@ def test_async_online_jobs_are_admitted_with_their_resolved_lag(client, team_a, 
     refused("online", online={"mode": "async", "engine": "vllm"})
     refused("online", objective="kto", online={"mode": "async"})
     refused("online.is_cap", online={"mode": "async", "is_cap": -1})
-    refused("parallelism.processes_per_node", online={"mode": "async"},
-            parallelism={"processes_per_node": 2})  # fmt: skip
+    refused("parallelism", online={"mode": "async"}, parallelism={"strategy": "fsdp"})
     settings.ONLINE_ASYNC = False
     assert "cannot place a sampler" in refused("online.mode", online={"mode": "async"})

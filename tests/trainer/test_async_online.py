@@ -39,7 +39,9 @@ def prompt_file(tmp_path_factory) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("prompts") / "arith.jsonl", rows)
 
 
-def spec_of(prompt_file, reward_model_dir, *, lag=1, every=1, objective="grpo", **kw) -> JobSpec:
+def spec_of(
+    prompt_file, reward_model_dir, *, lag=1, every=1, objective="grpo", is_cap=None, **kw
+) -> JobSpec:
     base = {
         "base_model": "tiny-llama",
         "training_file": str(prompt_file),
@@ -59,6 +61,7 @@ def spec_of(prompt_file, reward_model_dir, *, lag=1, every=1, objective="grpo", 
             "sample_every": every,
             "engine": "hf",
             "sampler_threads": 1,
+            "is_cap": is_cap,
             "rewards": [{"name": "reward_model", "options": {"path": str(reward_model_dir)}}],
         },
     }
@@ -164,6 +167,9 @@ def test_async_equals_the_lagged_oracle(tmp_path, prompt_file, reward_model_dir,
         (a, sampling_version(a, lag)) for a in range(1, steps + 1, every)
     ]
     assert all(m["async/publish_time"] >= 0 for m in rows)
+    if spec.online.is_cap is not None:  # humanline's reference is not the sampler: weights ≠ 1
+        assert all(m["is_weight/mean"] <= spec.online.is_cap for m in rows)
+        assert any(abs(m["is_weight/mean"] - 1.0) > 1e-4 for m in rows[1:])
 
 
 def test_lag_zero_is_the_sync_job(tmp_path, prompt_file, reward_model_dir, monkeypatch):
@@ -350,3 +356,28 @@ def test_the_sampler_dies_with_its_trainer(tmp_path, prompt_file, reward_model_d
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_async_equals_the_lagged_oracle(tmp_path, prompt_file, reward_model_dir):
+    """DDP with 2 gloo processes: rank 0's sampler samples every round, the ranks train their
+    shares; equal to the oracle under the same DDP launch, bitwise."""
+    import subprocess
+    import sys
+
+    from worker.launch import trainer_command
+    from worker.routing import Placement, trainer_env
+
+    spec = spec_of(prompt_file, reward_model_dir, lag=1, batch_size=16)  # 2 groups per rank
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json())
+    place = Placement(2, cpu=True)
+    env = {**trainer_env(place), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path.cwd())}
+    for name, module in (("async", None), ("oracle", "tests.trainer.async_probe")):
+        argv = trainer_command(sys.executable, path, tmp_path / name, resume=False, place=place)
+        if module:
+            argv[len(argv) - argv[::-1].index("-m")] = module  # the trainer's own -m
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    same_run(tmp_path / "async", tmp_path / "oracle", 4)
+    assert [m["async/version"] for m in metrics(tmp_path / "async")] == [1, 1, 2, 3]

@@ -42,11 +42,6 @@ class AsyncOnlineData(OnlineData):
 
     def __init__(self, *args, model_dir: str | Path, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.acc.num_processes > 1:
-            raise ValueError(
-                "online.mode 'async' runs with one training process for now (its sampler "
-                "process takes the other cores); run it with one process, or sync"
-            )
         self.model_dir, self.lag = str(model_dir), self.cfg.resolved_lag
         self.workdir = str(Path(kwargs.get("directory") or ".") / "sampler")
         self.pipe: Any = None
@@ -64,10 +59,11 @@ class AsyncOnlineData(OnlineData):
     def begin_round(self, step: int, policy, model_dir, tokenizer) -> dict[str, float]:
         r, _ = self.round_span(step)
         t0 = time.perf_counter()
-        if r in self.pending:
+        if r in self.pending:  # every rank loaded them from the checkpoint
             new = self.pending.pop(r)
-        else:
-            new = self._pipe(step, policy).take(r)
+        else:  # one sampler per job, on rank 0; DDP's other ranks get its rounds
+            mine = self._pipe(step, policy).take(r) if self.acc.is_main_process else None
+            new = self._shared(mine)
         wait = time.perf_counter() - t0
         self.round = new
         self._plan(new)
@@ -108,8 +104,20 @@ class AsyncOnlineData(OnlineData):
     def after_step(self, step: int, policy: torch.nn.Module) -> dict[str, float]:
         """Publish version step + 1 (the weights after update `step`) to the sampler."""
         self.trained = step
+        if not self.acc.is_main_process:  # DDP: rank 0's weights are every rank's
+            return {}
         pipe = self._pipe(step + 1, policy)
         return {"async/publish_time": pipe.publish(step + 1, trainable_state_dict(policy, False))}
+
+    def _shared(self, new: Round | None) -> Round:
+        """Rank 0's round, on every rank."""
+        if self.acc.num_processes == 1:
+            assert new is not None
+            return new
+        box = [new]
+        torch.distributed.broadcast_object_list(box, src=0)
+        assert box[0] is not None
+        return box[0]
 
     def _pipe(self, version: int, policy: torch.nn.Module):
         """The sampler, started on first use with `version` (the policy's weights now)."""
