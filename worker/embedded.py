@@ -29,7 +29,7 @@ from worker.config import WorkerSettings, as_worker_settings
 from worker.reaper import ReaperThread, reap_and_requeue, reap_evaluations, reaper_options
 from worker.runner import Runner
 from worker.sweeper import StoreSweeper
-from worker.webhooks import WebhookThread
+from worker.webhook_thread import WebhookThread
 
 log = logging.getLogger("humanline.worker.embedded")
 

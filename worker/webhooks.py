@@ -6,9 +6,11 @@ endpoint, signed as Standard Webhooks do, retried with exponential backoff.
                                                                # embedded WebhookThread call it
     if delay is not None: run it again in `delay` seconds       # the next retry is due then
 
-One sender per endpoint at a time (a lease on the endpoint row), its oldest pending delivery
-first: a delivery waiting for its retry holds the later ones back, so a receiver sees one
-job's events in order. Before every attempt the endpoint must still exist and be enabled, its
+One sender per endpoint at a time (a lease on the endpoint row, renewed before every attempt,
+which ends by its deadline: worker.webhook_http), at most WEBHOOK_SENDERS_PER_TEAM senders per
+team (counted at claim time, the team's row locked), its oldest pending delivery first: a
+delivery waiting for its retry holds the later ones back, so a receiver sees one job's events
+in order. Before every attempt the endpoint must still exist and be enabled, its
 team must still hold a live API key, and the URL's host must still resolve to an allowed
 address (the connection goes to the address checked: DNS rebinding gains nothing). Each
 attempt is a row of the delivery log; WEBHOOK_MAX_ATTEMPTS failed attempts fail the delivery,
@@ -18,50 +20,32 @@ WEBHOOK_DISABLE_AFTER failed deliveries in a row disable the endpoint (its `stat
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import json
 import logging
-import queue
-import threading
 import time
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
+from enum import Enum
 
 import httpx
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.base import utcnow
 from models.settings import Settings
-from models.tables import ApiKey
-from models.webhook_urls import Resolver, Target, UrlRefused, check_url, resolve
-from models.webhooks import SECRET_PREFIX, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from models.tables import ApiKey, Team
+from models.webhook_urls import Resolver, resolve
+from models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from worker.webhook_http import USER_AGENT, send_once, sign, signed_headers
 
+__all__ = ["USER_AGENT", "deliver_endpoint", "due_endpoints", "send_once", "sign",
+           "signed_headers"]  # fmt: skip
 log = logging.getLogger("humanline.worker.webhooks")
-USER_AGENT = "humanline-webhooks/1"
+TEAM_BUSY_RETRY_SECONDS = 1.0  # the team has WEBHOOK_SENDERS_PER_TEAM senders: try again then
 
 
-# --- signing (https://www.standardwebhooks.com) -----------------------------------------------
-
-
-def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, keyed by the secret's bytes."""
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-    signed = f"{msg_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-
-
-def signed_headers(secret: str, msg_id: str, body: bytes, timestamp: int | None = None) -> dict:
-    timestamp = int(time.time()) if timestamp is None else timestamp
-    return {
-        "content-type": "application/json",
-        "user-agent": USER_AGENT,
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret, msg_id, timestamp, body),
-    }
+def lease_seconds(settings: Settings) -> float:
+    """How long a sender holds its endpoint; renewed before every attempt, and an attempt
+    ends by its deadline (WEBHOOK_TIMEOUT_SECONDS), so a live sender never loses it."""
+    return 2 * settings.WEBHOOK_TIMEOUT_SECONDS + 30
 
 
 def backoff(settings: Settings, attempts: int) -> float:
@@ -70,50 +54,38 @@ def backoff(settings: Settings, attempts: int) -> float:
     return float(min(base, settings.WEBHOOK_BACKOFF_MAX_SECONDS))
 
 
-# --- one attempt ---------------------------------------------------------------------------------
-
-
-def _pinned(url: str, target: Target) -> tuple[str, dict[str, str], dict[str, str]]:
-    """(URL with the checked address as host, Host header, httpx extensions for TLS SNI)."""
-    parts = urlsplit(url)
-    ip = target.addresses[0]
-    host = f"[{ip}]" if ip.version == 6 else str(ip)
-    pinned = urlunsplit((parts.scheme, f"{host}:{target.port}", parts.path or "/", parts.query, ""))
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-    return pinned, {"host": netloc}, extensions
-
-
-def send_once(
-    url: str, secret: str, msg_id: str, payload: dict, settings: Settings, *,
-    client: httpx.Client, resolver: Resolver = resolve,
-) -> tuple[int | None, str | None]:  # fmt: skip
-    """POST one delivery: (status code or None, error or None). 2xx is success."""
-    try:
-        target = check_url(url, settings, resolver=resolver)
-    except UrlRefused as exc:
-        return None, f"url refused at delivery: {exc}"
-    body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    pinned, host, extensions = _pinned(url, target)
-    headers = {**signed_headers(secret, msg_id, body), **host}
-    try:
-        with client.stream(
-            "POST", pinned, content=body, headers=headers, extensions=extensions,
-            timeout=settings.WEBHOOK_TIMEOUT_SECONDS,
-        ) as response:  # fmt: skip
-            code = response.status_code  # the body is never read
-    except httpx.TimeoutException:
-        return None, f"timed out after {settings.WEBHOOK_TIMEOUT_SECONDS:g}s"
-    except Exception as exc:  # noqa: BLE001 - any failure is a failed attempt, logged
-        return None, f"{type(exc).__name__}: {exc}"[:500]
-    return code, None if 200 <= code < 300 else f"HTTP {code}"
-
-
 # --- the endpoint's queue ------------------------------------------------------------------------
 
 
-def _claim(session: Session, endpoint_id: str, seconds: float) -> bool:
+class Claim(Enum):
+    WON = "won"
+    HELD = "held"  # another sender has the endpoint (or it is gone): it sends what we would
+    TEAM_BUSY = "team_busy"  # the team's other endpoints hold its senders: retry soon
+
+
+def _claim(session: Session, endpoint_id: str, seconds: float, per_team: int) -> Claim:
+    """Take the endpoint's lease, if free and if its team has fewer than `per_team` leases
+    (the team's row is locked meanwhile: concurrent claims of one team count one by one)."""
     now = utcnow()
+    team_id = session.scalar(
+        select(WebhookEndpoint.team_id).where(WebhookEndpoint.id == endpoint_id)
+    )
+    if team_id is None:
+        session.commit()
+        return Claim.HELD
+    session.execute(select(Team.id).where(Team.id == team_id).with_for_update())
+    busy = session.scalar(
+        select(func.count())
+        .select_from(WebhookEndpoint)
+        .where(
+            WebhookEndpoint.team_id == team_id,
+            WebhookEndpoint.id != endpoint_id,
+            WebhookEndpoint.lease_until >= now,
+        )
+    )
+    if (busy or 0) >= per_team:
+        session.commit()
+        return Claim.TEAM_BUSY
     won = session.execute(
         update(WebhookEndpoint)
         .where(
@@ -124,7 +96,7 @@ def _claim(session: Session, endpoint_id: str, seconds: float) -> bool:
         .execution_options(synchronize_session=False)
     ).rowcount  # type: ignore[attr-defined]
     session.commit()
-    return bool(won)
+    return Claim.WON if won else Claim.HELD
 
 
 def _release(session: Session, endpoint_id: str) -> None:
@@ -217,7 +189,8 @@ def _drain(
             session.commit()
             return wait
         url, secret, msg_id, payload = endpoint.url, endpoint.secret, head.id, head.payload
-        session.commit()  # no transaction stays open across the HTTP request
+        session.commit()
+        _claim_renew(session, endpoint_id, lease)  # commits: no transaction across the request
         started = time.monotonic()
         code, error = send_once(
             url, secret, msg_id, payload, settings, client=client, resolver=resolver
@@ -229,7 +202,6 @@ def _drain(
             session.rollback()
             return None
         _record(session, endpoint, head, settings, code, error, duration_ms)
-        _claim_renew(session, endpoint_id, lease)
 
 
 def _claim_renew(session: Session, endpoint_id: str, seconds: float) -> None:
@@ -249,13 +221,18 @@ def deliver_endpoint(
     """Send `endpoint_id`'s due deliveries, oldest first. Returns the seconds until its next
     retry is due (the caller runs this again then), or None when nothing is left pending or
     another process holds the endpoint (that one sends what this call would have)."""
-    lease = 4 * settings.WEBHOOK_TIMEOUT_SECONDS + 30  # connect, write, read: each timed
+    lease = lease_seconds(settings)
     own_client = client is None
     http = client or httpx.Client(follow_redirects=False, trust_env=False)
     try:
         with sessions() as session:
             delay: float | None = None
-            while _claim(session, endpoint_id, lease):
+            while True:
+                claim = _claim(session, endpoint_id, lease, settings.WEBHOOK_SENDERS_PER_TEAM)
+                if claim is Claim.TEAM_BUSY:
+                    return TEAM_BUSY_RETRY_SECONDS
+                if claim is Claim.HELD:
+                    break
                 try:
                     delay = _drain(session, endpoint_id, settings, http, resolver, lease)
                 finally:
@@ -291,59 +268,3 @@ def due_endpoints(sessions: sessionmaker[Session], limit: int = 100) -> list[str
             .limit(limit)
         ).scalars()
         return list(rows)
-
-
-# --- the embedded worker's sender ----------------------------------------------------------------
-
-
-class WebhookThread(threading.Thread):
-    """Deliveries in a thread of their own (never behind a training job): woken by
-    `wake(endpoint_id)` after a commit, by the retries it schedules, and every `poll` seconds
-    for whatever is due (the reaper's role in the embedded server)."""
-
-    def __init__(self, sessions: sessionmaker[Session], settings: Settings, poll: float = 5.0):
-        super().__init__(name="humanline-webhooks", daemon=True)
-        self.sessions, self.settings, self.poll = sessions, settings, poll
-        self._wakeups: queue.Queue[str | None] = queue.Queue()
-        self._retries: dict[str, float] = {}  # endpoint → monotonic time its retry is due
-        self._halt = threading.Event()
-
-    def wake(self, endpoint_id: str) -> None:
-        self._wakeups.put(endpoint_id)
-
-    def _due(self) -> set[str]:
-        now = time.monotonic()
-        due = {e for e, at in self._retries.items() if at <= now}
-        for endpoint_id in due:
-            del self._retries[endpoint_id]
-        return due
-
-    def run(self) -> None:
-        last_poll = 0.0
-        while not self._halt.is_set():
-            timeout = min([self.poll, *(at - time.monotonic() for at in self._retries.values())])
-            try:
-                first = self._wakeups.get(timeout=max(timeout, 0.01))
-                todo = {first} if first else set()
-            except queue.Empty:
-                todo = set()
-            todo |= self._due()
-            if time.monotonic() - last_poll >= self.poll:
-                last_poll = time.monotonic()
-                try:
-                    todo |= set(due_endpoints(self.sessions))
-                except Exception:
-                    log.exception("webhook poll failed")
-            for endpoint_id in sorted(todo):
-                try:
-                    delay = deliver_endpoint(self.sessions, self.settings, endpoint_id)
-                except Exception:
-                    log.exception("webhook %s: delivery failed", endpoint_id)
-                    delay = self.poll
-                if delay is not None:
-                    self._retries[endpoint_id] = time.monotonic() + delay
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._halt.set()
-        self._wakeups.put(None)
-        self.join(timeout)
