@@ -7,7 +7,7 @@
   `"weight": 0` (OpenAI's `weight`, 0 or 1). The conversation must open with a system or user
   turn. Tool and function calling (`tools`, `functions`, `parallel_tool_calls`, `tool`/
   `function` turns, `tool_calls`/`function_call` on a message) is not supported: refused with
-  the field named.
+  the field named. A conversation has at most MAX_SFT_MESSAGES (1024) messages.
 
 A `messages` line that does not end with an assistant turn is not SFT data (it is a prompt, as
 OpenAI's reinforcement format has it). Records are normalised to `{"prompt", "completion"}`
@@ -27,6 +27,10 @@ from contract.records import text_or_messages as _text_or_messages
 TOOL_KEYS = ("tools", "functions", "parallel_tool_calls")
 SFT_ROLES = ("system", "user", "assistant")
 NO_TOOLS = "tool and function calling is not supported for fine-tuning here: remove it"
+# Turns per conversation: tokenizing renders the chat template once per assistant turn over
+# the turns before it (trainer.sft_data stops where max_length is full, but turns of weight 0
+# are rendered all the same), so the cost grows with the square of the turns.
+MAX_SFT_MESSAGES = 1024
 
 
 def is_sft(obj: dict) -> bool:
@@ -52,6 +56,7 @@ def parse_sft(obj: dict) -> dict:
     messages = obj["messages"]
     if not isinstance(messages, list) or not messages:
         raise RecordError("messages", "must be a non-empty list of messages")
+    _few_enough(messages, "messages")
     checks = [lambda m=m, i=i: _turn(m, f"messages[{i}]") for i, m in enumerate(messages)]
     turns = _each(*checks)
     if turns[0]["role"] == "assistant":
@@ -59,6 +64,15 @@ def parse_sft(obj: dict) -> dict:
     if not any(t["role"] == "assistant" and t.get("weight", 1) for t in turns):
         raise RecordError("messages", "every assistant turn has weight 0: nothing to learn")
     return {"messages": turns}
+
+
+def _few_enough(messages: list, where: str) -> None:
+    if len(messages) > MAX_SFT_MESSAGES:
+        raise RecordError(
+            where,
+            f"{len(messages)} messages: at most {MAX_SFT_MESSAGES} per conversation (split it; "
+            "turns past the job's max_length are cut anyway)",
+        )
 
 
 def _turn(msg: Any, where: str) -> dict:
@@ -83,6 +97,9 @@ def _turn(msg: Any, where: str) -> dict:
 
 
 def _prompt_completion(obj: dict) -> dict:
+    for key in ("prompt", "completion"):
+        if isinstance(obj.get(key), list):
+            _few_enough(obj[key], key)
     prompt, completion = _each(
         lambda: _text_or_messages(obj.get("prompt"), "prompt"),
         lambda: _text_or_messages(obj.get("completion"), "completion"),

@@ -7,8 +7,11 @@ prefix again). The chat template is applied to the conversation the way the serv
 it: a turn's tokens are what the template appends to the rendering of the turns before it
 (`add_generation_prompt=True`), exactly as trainer.tokenize does for a single completion, so a
 `{"prompt", "completion"}` record and the same exchange as `{"messages": [...]}` give the same
-tokens. The row is `MaskedSeq(prompt, completion, weights)`: the prompt is everything before
-the first learned token (truncated to `max_prompt_length` from the left, like any prompt), the
+tokens. Turns past what `max_length` keeps are not rendered at all (each rendering covers the
+turns before it: a long conversation would cost the square of its turns).
+
+The row is `MaskedSeq(prompt, completion, weights)`: the prompt is everything before the first
+learned token (truncated to `max_prompt_length` from the left, like any prompt), the
 completion runs to the last learned token (truncated from the right to `max_length`), and its
 weights are 1 on learned assistant tokens, 0 on the user/system turns between them and on
 assistant turns of weight 0. A template that renders earlier turns differently once later ones
@@ -42,6 +45,7 @@ def conversation_seq(chat: ChatTokenizer, messages: Sequence[Message]) -> Masked
     ids: list[int] = []
     weights: list[int] = []
     done = ""  # the text tokenised so far
+    first: int | None = None  # the first learned token
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
@@ -55,9 +59,14 @@ def conversation_seq(chat: ChatTokenizer, messages: Sequence[Message]) -> Masked
             return None
         context = chat._ids(before[len(done) :])
         turn = chat._ids(through[len(before) :])
+        learned = 1 if m.get("weight", 1) else 0
         ids += context + turn
-        weights += [0] * len(context) + [1 if m.get("weight", 1) else 0] * len(turn)
+        weights += [0] * len(context) + [learned] * len(turn)
         done = through
+        if learned and turn:
+            first = len(ids) - len(turn) if first is None else first
+            if len(ids) - first > chat.max_length - min(first, chat.max_prompt_length):
+                break  # the rest would be cut: not rendered (a cost quadratic in the turns)
     if 1 not in weights:
         chat.report.dropped += 1
         return None

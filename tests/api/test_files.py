@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from api.main import create_app
 from models.tables import File
 from tests.api.conftest import (
     EVAL_MATH,
@@ -393,10 +396,12 @@ def test_unknown_columns_are_listed_as_warnings_on_the_file(client, team_a):
 
 
 def test_every_error_of_a_line_comes_back_with_its_field(client, team_a, store):
-    content = jsonl([
-        {"prompt": "Q", "chosen": "a", "rejected": "b"},
-        {"prompt": "", "chosen": "same", "rejected": "same"},
-    ])
+    content = jsonl(
+        [
+            {"prompt": "Q", "chosen": "a", "rejected": "b"},
+            {"prompt": "", "chosen": "same", "rejected": "same"},
+        ]
+    )
     r = upload(client, team_a, content)
     assert r.status_code == 422
     errors = r.json()["error"]["errors"]
@@ -434,4 +439,25 @@ def test_a_key_that_is_a_lone_surrogate_is_named_in_a_422_not_a_500(
     assert r.status_code == 422, r.text
     (error,) = r.json()["error"]["errors"]
     assert error["field"] == "'\\ud800'" and "lone UTF-16 surrogate" in error["message"]
+    assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
+
+
+def test_a_conversation_of_too_many_turns_is_refused_at_upload(
+    settings, store, queue, db_sessions, team_a
+):
+    """Tokenizing renders the chat template once per turn over the turns before it (issue 37
+    #2): a 10,000-turn line (under the usual 1 MiB line limit; these tests' is 4 KiB) is
+    refused at upload, with its line and field, in bounded time."""
+    big = settings.model_copy(update={"MAX_LINE_BYTES": 1 << 20, "MAX_UPLOAD_BYTES": 2 << 20})
+    client = TestClient(create_app(big, store=store, queue=queue, session_factory=db_sessions))
+    line = json.dumps({"messages": [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"t{i}"}
+        for i in range(10_000)
+    ]}).encode()  # fmt: skip
+    started = time.monotonic()
+    r = upload(client, team_a, line)
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["error"]["errors"]
+    assert (error["line"], error["field"]) == (1, "messages") and "at most 1024" in error["message"]
+    assert time.monotonic() - started < 5
     assert _file_rows(db_sessions) == 0 and stored_objects(store) == []
