@@ -22,7 +22,7 @@ from api.estimates import estimate_for
 from api.owned import owned
 from contract.estimate import JobEstimate
 from contract.evaluation import EVAL_FILE_FORMAT, EvalRequest, judge_url
-from contract.items import FieldProfile
+from contract.items import MAX_PROFILED_FIELDS, FieldProfile
 from contract.spec import JobSpec
 from models import jobs as job_states
 from models.settings import Settings
@@ -198,7 +198,16 @@ def _check_reward_fields(spec: JobSpec, file: Row) -> None:
     if profile is None or spec.online is None:
         return
     for i, reward in enumerate(spec.online.rewards):
-        for name in reward.item_fields():
+        for name in reward.item_paths():
+            if not profile.checkable(name):
+                raise api_error(
+                    422,
+                    f"reward {reward.name} reads {{{{item.{name}}}}}, which cannot be checked "
+                    f"on every line of file {file.id}: its first line holds more than "
+                    f"{MAX_PROFILED_FIELDS} fields (nested ones counted); read a top-level "
+                    "field, or upload lines with fewer fields",
+                    field=f"online.rewards.{i}.options",
+                )
             line = profile.first_line_without(name)
             if line is not None:
                 raise api_error(

@@ -64,6 +64,17 @@ def item_fields(*templates: str) -> list[str]:
     return out
 
 
+def item_paths(*templates: str) -> list[str]:
+    """The item paths the templates read, nested ones whole (``{{item.meta.id}}`` →
+    ``"meta.id"``), each once, in order: what every line must hold for the grader to render."""
+    out: list[str] = []
+    for template in templates:
+        for name in variables(template):
+            if name.startswith("item.") and (path := name[len("item.") :]) not in out:
+                out.append(path)
+    return out
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 

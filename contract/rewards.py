@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from contract.graders import OPERATIONS, SAMPLE_TEXT, item_fields, variables
+from contract.graders import OPERATIONS, SAMPLE_TEXT, item_fields, item_paths, variables
 from contract.strict import StrictNumbers
 
 # The only reward sources a job may name: no user code ever runs in a worker.
@@ -40,6 +40,13 @@ class RewardSpec(StrictNumbers):
         job is refused at creation when the file has a line without one."""
         if self.name == "string_check":
             return item_fields(*string_check_templates(self.options))
+        return []
+
+    def item_paths(self) -> list[str]:
+        """The item paths this source reads, nested ones whole (``meta.id``): admission
+        refuses a job whose file has a line without one."""
+        if self.name == "string_check":
+            return item_paths(*string_check_templates(self.options))
         return []
 
 

@@ -56,6 +56,7 @@ def test_an_openai_reinforcement_file_uploads_as_prompt_data(client, team_a, db_
         "first_line": 1,
         "missing": {"answer": None, "id": None},
         "complete": True,
+        "nested": True,
     }
 
 
@@ -164,7 +165,49 @@ def test_a_profile_past_its_tracked_fields_refuses_nothing_it_cannot_know():
     profile, _ = _profile([wide, {"messages": [USER], "f0": 0}])
     assert profile is not None and not profile.complete
     assert profile.first_line_without("f1") == 2  # tracked
+    assert profile.checkable("f1") and not profile.checkable(f"f{MAX_PROFILED_FIELDS + 1}")
     assert profile.first_line_without(f"f{MAX_PROFILED_FIELDS + 1}") is None  # not known
+    old = FieldProfile.from_json({"first_line": 1, "missing": {"a": None}})  # stored before
+    assert old is not None and not old.nested and old.checkable("a.b")
+    assert old.first_line_without("a.b") is None  # its top-level field, as it was checked
+
+
+def test_nested_and_late_grader_fields_are_checked_on_every_line_at_create(oai, client, team_a):
+    """Issue 37 #6: `{{item.a.b.c}}` and a field past the 64 once profiled passed admission
+    when some line lacked them, and the job failed at its first reward, after sampling."""
+    wide = {f"f{i}": i for i in range(100)}
+    lines = [
+        {"messages": [USER], "meta": {"a": {"b": {"c": "x"}}, "id": 1}, **wide},
+        {"messages": [USER], "meta": {"a": {"b": {"c": "y"}}, "id": 2}, **wide},
+        {"messages": [USER], "meta": {"a": {"b": {}}, "id": 3}, **wide},  # no meta.a.b.c
+        {"messages": [USER], "meta": {"a": {"b": {"c": "z"}}, "id": 4}, "f0": 0},  # no f90
+    ]
+    file_id = _file(oai, lines)
+
+    def create(reference: str):
+        grader = {**GRADER, "reference": reference}
+        with pytest.raises(openai.UnprocessableEntityError) as caught:
+            oai.fine_tuning.jobs.create(
+                model="tiny-llama", training_file=file_id, method=_job(grader)
+            )
+        return caught.value.body["message"]
+
+    assert "line 3" in create("{{item.meta.a.b.c}}")
+    assert "'meta.a.b.c'" in create("{{ item.meta.a.b.c }}")
+    assert "line 4" in create("{{item.f90}}")
+    assert "line 1" in create("{{item.meta.a.b.c.d}}")  # below a string: on no line
+    job = oai.fine_tuning.jobs.create(
+        model="tiny-llama",
+        training_file=file_id,
+        method=_job({**GRADER, "reference": "{{item.meta.id}}"}),
+    )
+    assert job.id
+    # a path past what the upload tracked cannot be checked: refused, saying so
+    huge = {"messages": [USER], **{f"g{i}": i for i in range(MAX_PROFILED_FIELDS + 5)}}
+    big = upload(client, team_a, jsonl([huge, huge]), purpose="fine-tune").json()["id"]
+    grader = {**GRADER, "reference": f"{{{{item.g{MAX_PROFILED_FIELDS + 1}}}}}"}
+    with pytest.raises(openai.UnprocessableEntityError, match="cannot be checked"):
+        oai.fine_tuning.jobs.create(model="tiny-llama", training_file=big, method=_job(grader))
 
 
 def test_a_reinforcement_job_on_other_data_says_what_prompt_data_is(oai):
