@@ -61,6 +61,31 @@ def text(value: Any, name: str) -> str:
     return value
 
 
+def message_content(value: Any, name: str) -> str:
+    """A message's content: a string, or OpenAI's list of content parts of which only text
+    parts are accepted (`[{"type": "text", "text": ...}]`, joined by newlines, as vLLM joins
+    them for a chat template); another part type is refused naming it."""
+    if not isinstance(value, list):
+        return text(value, name)
+    if not value:
+        raise RecordError(name, "must be a string or a non-empty list of text parts")
+    texts = []
+    for j, part in enumerate(value):
+        where = f"{name}[{j}]"
+        if not isinstance(part, dict):
+            raise RecordError(where, 'must be a content part: {"type": "text", "text": ...}')
+        if part.get("type") != "text":
+            kind = part.get("type")
+            raise RecordError(
+                f"{where}.type",
+                f"{kind!r} content parts are not supported: only text parts ('type': 'text')",
+            )
+        if not isinstance(part.get("text"), str):
+            raise RecordError(f"{where}.text", "must be a string")
+        texts.append(part["text"])
+    return text("\n".join(texts), name)
+
+
 def a_role(value: Any, name: str) -> str:
     if value not in ROLES:
         raise RecordError(name, f"must be one of {', '.join(ROLES)}")
@@ -72,7 +97,7 @@ def message(msg: Any, where: str) -> dict[str, str]:
         raise RecordError(where, "must be an object with 'role' and 'content'")
     role, content = each(
         lambda: a_role(msg.get("role"), f"{where}.role"),
-        lambda: text(msg.get("content"), f"{where}.content"),
+        lambda: message_content(msg.get("content"), f"{where}.content"),
     )
     return {"role": role, "content": content}
 

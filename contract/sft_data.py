@@ -7,7 +7,9 @@
   `"weight": 0` (OpenAI's `weight`, 0 or 1). The conversation must open with a system or user
   turn. Tool and function calling (`tools`, `functions`, `parallel_tool_calls`, `tool`/
   `function` turns, `tool_calls`/`function_call` on a message) is not supported: refused with
-  the field named. A conversation has at most MAX_SFT_MESSAGES (1024) messages.
+  the field named. A conversation has at most MAX_SFT_MESSAGES (1024) messages. `developer`
+  turns are system turns (as in reinforcement lines); a content may be OpenAI's list of text
+  parts (joined by newlines; other part types are refused naming the part).
 
 A `messages` line that does not end with an assistant turn is not SFT data (it is a prompt, as
 OpenAI's reinforcement format has it). Records are normalised to `{"prompt", "completion"}`
@@ -21,7 +23,7 @@ from typing import Any
 
 from contract.records import RecordError
 from contract.records import each as _each
-from contract.records import text as _text
+from contract.records import message_content as _content
 from contract.records import text_or_messages as _text_or_messages
 
 TOOL_KEYS = ("tools", "functions", "parallel_tool_calls")
@@ -82,11 +84,13 @@ def _turn(msg: Any, where: str) -> dict:
         if key in msg:
             raise RecordError(f"{where}.{key}", NO_TOOLS)
     role = msg.get("role")
+    if role == "developer":  # OpenAI's newer name for system instructions (as RFT reads it)
+        role = "system"
     if role in ("tool", "function"):
         raise RecordError(f"{where}.role", f"{role!r} turns: {NO_TOOLS}")
     if role not in SFT_ROLES:
         raise RecordError(f"{where}.role", f"must be one of {', '.join(SFT_ROLES)}")
-    out = {"role": role, "content": _text(msg.get("content"), f"{where}.content")}
+    out = {"role": role, "content": _content(msg.get("content"), f"{where}.content")}
     if "weight" in msg:
         if role != "assistant":
             raise RecordError(f"{where}.weight", "only assistant turns carry a weight")

@@ -8,7 +8,9 @@ from contract.data import (
     MAX_ERRORS_PER_LINE,
     MAX_LINE_BYTES,
     JsonlValidator,
+    RecordError,
     iter_lines,
+    parse_line,
     read_jsonl,
 )
 
@@ -342,3 +344,54 @@ def test_messages_ending_with_the_assistant_are_supervised_and_a_mix_says_what_t
     (error,) = report.errors
     assert (error.line, error.field) == (2, "messages[0].role")
     assert "supervised" in error.message and "assistant's answer" in error.message
+
+
+# --- OpenAI's list-of-parts content and the developer role (issue 37) ------------------------
+
+
+def test_text_parts_are_joined_and_developer_is_system_in_sft_and_rft_alike():
+    parts = [{"type": "text", "text": "Capital of"}, {"type": "text", "text": "France?"}]
+    sft = {"messages": [
+        {"role": "developer", "content": "One word."},
+        {"role": "user", "content": parts},
+        {"role": "assistant", "content": [{"type": "text", "text": "Paris"}]},
+    ]}  # fmt: skip
+    fmt, record = parse_line(json.dumps(sft), None)
+    assert fmt == "sft" and record["messages"] == [
+        {"role": "system", "content": "One word."},
+        {"role": "user", "content": "Capital of\nFrance?"},
+        {"role": "assistant", "content": "Paris"},
+    ]
+    rft = {"messages": sft["messages"][:2], "answer": "Paris"}
+    fmt, record = parse_line(json.dumps(rft), None)
+    assert fmt == "prompt" and record["prompt"] == record_prompt(sft)
+
+
+def record_prompt(sft: dict) -> list[dict]:
+    return parse_line(json.dumps(sft), None)[1]["messages"][:2]
+
+
+@pytest.mark.parametrize(
+    "content,field",
+    [
+        (
+            [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}],
+            "messages[1].content[0].type",
+        ),
+        ([{"type": "text", "text": "a"}, {"type": "input_audio"}], "messages[1].content[1].type"),
+        ([{"type": "text", "text": 3}], "messages[1].content[0].text"),
+        (["plain"], "messages[1].content[0]"),
+        ([], "messages[1].content"),
+    ],
+)
+def test_other_content_parts_are_refused_naming_the_part(content, field):
+    for last in ("assistant", "user"):  # SFT, and a reinforcement prompt
+        line = {"messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": content},
+            {"role": last, "content": "a"},
+        ], "answer": "x"}  # fmt: skip
+        if last == "assistant":
+            line.pop("answer")
+        with pytest.raises(RecordError) as caught:
+            parse_line(json.dumps(line), None)
+        assert caught.value.field == field, (last, caught.value)
