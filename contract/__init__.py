@@ -3,7 +3,8 @@
 Torch-free (the API imports it); each decision below is made here, once.
 
     spec        JobSpec, the job spec every process validates with (resolved defaults);
-                sft_spec the SFT objective's config, humanline_params humanline's section
+                sft_spec the SFT objective's config, humanline_params humanline's section,
+                strict what every spec model refuses (Infinity/NaN, booleans for integers)
     presets     the paper's two testbeds (instruction, math) as bundles of defaults
     parallel    `parallelism`: DDP or FSDP2 for a multi-process job
     sync        SyncPolicy: when the reference model moves

@@ -18,7 +18,9 @@ created when its job succeeds), config
 gpus (WORKER_GPUS and the placement check), launchers (how an attempt's ranks are started
 and followed: the local subprocess or a Kubeflow TrainJob, one interface), tail (JSONL
 files as they grow), reaper
-(expired leases and lost messages), webhooks (webhook deliveries: signed, ordered, retried),
+(expired leases and lost messages), webhooks (webhook deliveries: signed, ordered, retried,
+a bounded number of senders per team), webhook_http (one attempt, ended by its deadline),
+webhook_thread (the embedded server's pool of senders),
 sweeper (orphaned temp files and objects), scrub (no
 server path, hostname or pid in what a team reads), celery_app + tasks (Celery), embedded
 (BROKER_URL=memory://: a thread in the API process), multinode (a multi-node attempt: its
