@@ -17,7 +17,8 @@ file's size and the device class the job would run on, `estimate_job` predicts:
   from its MFU), a step at least the device's fixed cost per step, plus the process start;
   online jobs add sampling (2N per generated token, every sample max_new_tokens long: an
   upper bound, at the table's `sampling_mfu`), and `sampling_share` is its part of the
-  wall-clock.
+  wall-clock; offline jobs add tokenizing the whole file before step 1
+  (TOKENIZE_BYTES_PER_SECOND, a measured worst case).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ from contract.shapes import ModelShape
 from contract.spec import JobSpec
 
 THROUGHPUT_FILE = Path(__file__).with_name("throughput.json")
+# An offline job tokenizes its whole training file, on the worker's CPU, before step 1. Rate
+# measured with tiny-llama's chat template on this repository's 2-core CI machine (issue 37):
+# 2.0-2.7 MB/s for ordinary SFT conversations, 1.36 MB/s for the worst line uploads admit (1 MiB,
+# 1024 turns, all but the last of weight 0); the estimate takes 1 MB/s, an upper bound.
+TOKENIZE_BYTES_PER_SECOND = 1.0e6
 PAIRED_FORMATS = ("preference",)  # a record holds the prompt once and two completions
 
 
@@ -74,6 +80,11 @@ class JobEstimate(BaseModel):
     train_flops: float
     train_seconds: float
     sampling_seconds: float = 0.0
+    tokenize_seconds: float = Field(
+        0.0,
+        description="Offline: tokenizing the whole training file before step 1 (its bytes "
+        "at a measured worst-case rate, TOKENIZE_BYTES_PER_SECOND).",
+    )
     startup_seconds: float
     wall_clock_seconds: float
     gpu_hours: float
@@ -161,7 +172,8 @@ def estimate_job(
         sampling_rate = figures["peak_flops"] * processes * figures["sampling_mfu"]
         sampling_seconds = sample_flops / sampling_rate
     startup = float(figures["startup_seconds"])
-    wall = startup + train_seconds + sampling_seconds
+    tokenize = file_bytes / TOKENIZE_BYTES_PER_SECOND if spec.online is None else 0.0
+    wall = startup + tokenize + train_seconds + sampling_seconds
     gpus = processes if on_gpu else 0
     return JobEstimate(
         device=device,
@@ -187,6 +199,7 @@ def estimate_job(
         train_flops=train_flops,
         train_seconds=round(train_seconds, 3),
         sampling_seconds=round(sampling_seconds, 3),
+        tokenize_seconds=round(tokenize, 3),
         startup_seconds=startup,
         wall_clock_seconds=round(wall, 3),
         gpu_hours=round(wall * gpus / 3600, 6),

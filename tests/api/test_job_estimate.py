@@ -50,8 +50,9 @@ def test_estimate_by_hand_and_nothing_written(client, team_a, train_file, db_ses
     assert est["micro_batch"] * est["grad_accum"] == 4  # the whole batch, one process
     assert est["memory_fits"] and 0.5 < est["memory_gib_per_process"] < 2
     assert est["wall_clock_seconds"] == pytest.approx(
-        est["startup_seconds"] + est["train_seconds"] + est["sampling_seconds"], abs=1e-3
-    )
+        est["startup_seconds"] + est["tokenize_seconds"] + est["train_seconds"]
+        + est["sampling_seconds"], abs=1e-3,
+    )  # fmt: skip
     assert est["train_seconds"] > 0 and est["sampling_share"] == 0
     assert _rows(db_sessions) == before  # no job, no event
 

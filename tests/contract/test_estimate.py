@@ -114,3 +114,19 @@ def test_sft_scores_one_row_an_example_and_runs_no_reference():
     n, attention = ONE_B.params, 12.0 * ONE_B.num_layers * ONE_B.hidden_size * 512
     ratio = (6 * n + attention) / (8 * n + attention * 4 / 3)
     assert sft.train_seconds == pytest.approx(dpo.train_seconds * ratio, rel=1e-3)
+
+
+def test_an_offline_job_counts_tokenizing_its_whole_file():
+    """Issue 37 #2: the file is tokenized before step 1, so a `max_steps: 1` job on a large
+    file is not priced as one step."""
+    spec = _spec(objective="sft", max_steps=1)
+    big = _estimate(spec, ONE_B, file_format="sft", file_bytes=500 * 10**6, records=10**5)
+    small = _estimate(spec, ONE_B, file_format="sft", file_bytes=5 * 10**6, records=10**3)
+    assert big.tokenize_seconds == pytest.approx(500) and small.tokenize_seconds == 5
+    assert big.wall_clock_seconds == pytest.approx(
+        big.startup_seconds + big.tokenize_seconds + big.train_seconds, abs=1e-3
+    )
+    online = _estimate(
+        _spec(objective="grpo", variant="online", batch_size=8), ONE_B, file_format="prompt"
+    )
+    assert online.tokenize_seconds == 0  # prompts only, read as sampled
