@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -143,22 +144,57 @@ def check_url(url: str, settings: Settings, *, resolver: Resolver = resolve) -> 
 # --- lookups with a deadline ---------------------------------------------------------------------
 #
 # getaddrinfo cannot be interrupted: a slow name server holds the thread that asked. The lookups
-# of webhook hosts run in a small pool of their own, and the asker waits at most `timeout`
-# seconds for the answer; a lookup past it leaves its thread to finish alone (the pool's size
-# bounds how many can), never the API's request threads or the event loop.
+# of webhook hosts run in a pool of their own, and the asker waits at most `timeout` seconds
+# for the answer; a lookup past it leaves its thread to finish alone, never the API's request
+# threads or the event loop. An owner (a team) may have MAX_LOOKUPS_PER_OWNER lookups running,
+# abandoned ones included, so no team's slow name server can take the pool from the others.
 
-_LOOKUPS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="webhook-dns")
+LOOKUP_THREADS = 32
+MAX_LOOKUPS_PER_OWNER = 4
+_LOOKUPS = ThreadPoolExecutor(max_workers=LOOKUP_THREADS, thread_name_prefix="webhook-dns")
+_running: dict[str, int] = {}
+_running_lock = threading.Lock()
+
+
+class LookupsBusy(UrlRefused):
+    """The owner's earlier lookups (a slow name server) are still running: retry later."""
 
 
 def _too_slow(host: str, timeout: float) -> UrlRefused:
     return UrlRefused(f"host {host!r} did not resolve within {timeout:g}s")
 
 
-def bounded(resolver: Resolver, timeout: float) -> Resolver:
-    """`resolver`, answering within `timeout` seconds or raising UrlRefused."""
+def _finished(owner: str) -> None:
+    with _running_lock:
+        left = _running.get(owner, 1) - 1
+        if left > 0:
+            _running[owner] = left
+        else:
+            _running.pop(owner, None)
+
+
+def _submit(resolver: Resolver, host: str, port: int, owner: str | None) -> Future[list[str]]:
+    if owner is not None:
+        with _running_lock:
+            if _running.get(owner, 0) >= MAX_LOOKUPS_PER_OWNER:
+                raise LookupsBusy(
+                    f"host {host!r} not looked up: {MAX_LOOKUPS_PER_OWNER} earlier lookups of "
+                    "this team's webhook hosts are still waiting for their name servers; "
+                    "retry later"
+                )
+            _running[owner] = _running.get(owner, 0) + 1
+    future = _LOOKUPS.submit(resolver, host, port)
+    if owner is not None:
+        future.add_done_callback(lambda _: _finished(owner))
+    return future
+
+
+def bounded(resolver: Resolver, timeout: float, owner: str | None = None) -> Resolver:
+    """`resolver`, answering within `timeout` seconds or raising UrlRefused (LookupsBusy when
+    `owner` has MAX_LOOKUPS_PER_OWNER lookups running)."""
 
     def lookup(host: str, port: int) -> list[str]:
-        future = _LOOKUPS.submit(resolver, host, port)
+        future = _submit(resolver, host, port, owner)
         try:
             return future.result(timeout)
         except FutureTimeout:
@@ -169,14 +205,14 @@ def bounded(resolver: Resolver, timeout: float) -> Resolver:
 
 
 async def check_url_async(
-    url: str, settings: Settings, *, resolver: Resolver | None = None
+    url: str, settings: Settings, *, owner: str | None = None, resolver: Resolver | None = None
 ) -> Target:
     """check_url for the event loop: the lookup in the pool above, awaited at most
     WEBHOOK_DNS_TIMEOUT_SECONDS (`resolver`: this module's `resolve`, read at each call)."""
     scheme, host, port, names = split_url(url, settings)
     if names is None:
         timeout = settings.WEBHOOK_DNS_TIMEOUT_SECONDS
-        future = _LOOKUPS.submit(resolver or resolve, host, port)
+        future = _submit(resolver or resolve, host, port, owner)
         try:
             names = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except TimeoutError:

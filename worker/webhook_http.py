@@ -114,15 +114,16 @@ def _shut(sock: socket.socket) -> None:
 
 def send_once(
     url: str, secret: str, msg_id: str, payload: dict, settings: Settings, *,
-    client: httpx.Client, resolver: Resolver = resolve,
+    client: httpx.Client, resolver: Resolver = resolve, owner: str | None = None,
 ) -> tuple[int | None, str | None]:  # fmt: skip
-    """POST one delivery: (status code or None, error or None). 2xx is success."""
+    """POST one delivery: (status code or None, error or None). 2xx is success. `owner`: the
+    team, whose lookups still running are bounded (models.webhook_urls)."""
     budget = settings.WEBHOOK_TIMEOUT_SECONDS
     timed_out = f"timed out: no answer within the attempt's {budget:g}s"
     end = time.monotonic() + budget
     lookup = min(settings.WEBHOOK_DNS_TIMEOUT_SECONDS, budget)
     try:
-        target = check_url(url, settings, resolver=bounded(resolver, lookup))
+        target = check_url(url, settings, resolver=bounded(resolver, lookup, owner))
     except UrlRefused as exc:
         return None, f"url refused at delivery: {exc}"
     left = end - time.monotonic()

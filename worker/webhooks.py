@@ -189,12 +189,14 @@ def _drain(
             session.commit()
             return wait
         url, secret, msg_id, payload = endpoint.url, endpoint.secret, head.id, head.payload
+        team_id = endpoint.team_id
         session.commit()
         _claim_renew(session, endpoint_id, lease)  # commits: no transaction across the request
         started = time.monotonic()
         code, error = send_once(
-            url, secret, msg_id, payload, settings, client=client, resolver=resolver
-        )
+            url, secret, msg_id, payload, settings, client=client, resolver=resolver,
+            owner=team_id,
+        )  # fmt: skip
         duration_ms = int((time.monotonic() - started) * 1000)
         endpoint = session.get(WebhookEndpoint, endpoint_id, populate_existing=True)
         head = session.get(WebhookDelivery, head.seq, populate_existing=True)

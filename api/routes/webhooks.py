@@ -29,7 +29,7 @@ from api.errors import api_error
 from api.limits import webhook_create_limiter
 from api.paging import DEFAULT_LIMIT, Cursor, Limit, fetch_page, newest_first, page_of
 from api.schemas import Deleted, Page, error_responses
-from models.webhook_urls import UrlRefused, check_url_async, split_url
+from models.webhook_urls import LookupsBusy, UrlRefused, check_url_async, split_url
 from models.webhooks import (
     WEBHOOK_EVENTS,
     WebhookAttempt,
@@ -186,7 +186,9 @@ async def create_webhook(
         _over_cap(await run_in_threadpool(_count, session, team.id))
         request.state.db_slot.release()  # the lookup may take seconds
         try:
-            await check_url_async(body.url, settings)
+            await check_url_async(body.url, settings, owner=team.id)
+        except LookupsBusy as exc:
+            raise api_error(429, f"url {exc}", field="url", headers={"Retry-After": "10"}) from None
         except UrlRefused as exc:
             raise api_error(400, f"url {exc}", field="url") from None
         await request.state.db_slot.acquire()

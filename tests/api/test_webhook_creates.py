@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -37,6 +38,14 @@ class SlowResolver:
         return ["93.184.215.14"]
 
 
+@contextmanager
+def _released(gate: threading.Event):
+    try:
+        yield
+    finally:
+        gate.set()  # no lookup thread is left waiting into the next test
+
+
 def _app(settings, store, queue, db_sessions, **overrides):
     settings = settings.model_copy(
         update={"WEBHOOKS_ALLOWED_CIDRS": "127.0.0.1/32", "WEBHOOK_DNS_TIMEOUT_SECONDS": 1.0,
@@ -60,10 +69,12 @@ def test_slow_lookups_do_not_slow_other_teams(
     """45 creates of team A whose lookups take 8 s (the red team's case; the per-team bound
     lifted, so that only where the lookups wait is tested): team B's GET /v1/files stays fast,
     and each create is answered at the lookup timeout (1 s), not after the lookup."""
-    resolver = SlowResolver(8.0)
-    monkeypatch.setattr(webhook_urls, "resolve", resolver)
+    gate = threading.Event()  # the name server answers after 8 s, or when the test ends
+    resolver = SlowResolver(0.0)
+    monkeypatch.setattr(webhook_urls, "resolve", lambda h, p: (gate.wait(8), resolver(h, p))[1])
+    monkeypatch.setattr(webhook_urls, "MAX_LOOKUPS_PER_OWNER", 64)  # only where they wait
     app = _app(settings, store, queue, db_sessions, WEBHOOK_CREATES_PER_TEAM=64, WEBHOOK_CREATES=64)
-    with serve_in_thread(app) as port, ThreadPoolExecutor(45) as pool:
+    with serve_in_thread(app) as port, ThreadPoolExecutor(45) as pool, _released(gate):
         started = time.monotonic()
         creates = [pool.submit(_create, port, team_a) for _ in range(45)]
         time.sleep(0.3)  # the creates are in
@@ -108,3 +119,32 @@ def test_a_teams_creates_are_bounded_and_the_cap_comes_before_any_lookup(
         r = _create(port, team_a)
         assert r.status_code == 429 and "at most 20 webhooks" in r.text
         assert resolver.calls == calls == 3  # refused without a lookup
+
+
+def test_a_teams_abandoned_lookups_are_bounded(
+    settings, store, queue, db_sessions, team_a, team_b, monkeypatch
+):
+    """A lookup past its timeout keeps its thread until the name server answers: team A,
+    creating again and again, may leave MAX_LOOKUPS_PER_OWNER of them running, then gets 429
+    without a lookup; the pool stays free for team B."""
+    gate = threading.Event()
+    resolver = SlowResolver(0.0)
+
+    def resolve(host: str, port: int) -> list[str]:
+        if host == "slow.example":
+            gate.wait(30)
+        return resolver(host, port)
+
+    monkeypatch.setattr(webhook_urls, "resolve", resolve)
+    app = _app(settings, store, queue, db_sessions, WEBHOOK_DNS_TIMEOUT_SECONDS=0.2)
+    try:
+        with serve_in_thread(app) as port:
+            for _ in range(webhook_urls.MAX_LOOKUPS_PER_OWNER):
+                r = _create(port, team_a)
+                assert r.status_code == 400 and "did not resolve within" in r.text, r.text
+            r = _create(port, team_a)
+            assert r.status_code == 429 and "still waiting" in r.text, r.text
+            assert resolver.calls == 0  # none of the slow ones answered; none more asked
+            assert _create(port, team_b, "http://fast.example/hook").status_code == 201
+    finally:
+        gate.set()
