@@ -26,12 +26,13 @@ import re
 from typing import Annotated, Any, Literal
 
 from fastapi import HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from api.errors import api_error
 from api.schemas import unix_seconds
 from contract.rewards import string_check_templates
 from contract.spec import DPOConfig, GRPOConfig, HumanlineParams, OnlineConfig, SFTConfig
+from contract.strict import StrictNumbers
 from models.jobs import exported_model
 from models.tables import Checkpoint, Job, JobEvent
 
@@ -49,7 +50,7 @@ _SAMPLE_TEXT = re.compile(r"^\{\{\s*sample\.output_text\s*\}\}$")
 Auto = Literal["auto"]
 
 
-class _Open(BaseModel):
+class _Open(StrictNumbers):  # no Infinity/NaN, no `true` for an integer (issue 37)
     model_config = ConfigDict(extra="allow")  # OpenAI adds fields; unknown ones are ignored
 
 
@@ -80,7 +81,7 @@ class Method(_Open):
     supervised: MethodBody | None = None
 
 
-class FineTuningJobCreate(BaseModel):
+class FineTuningJobCreate(StrictNumbers):
     """OpenAI's `fine_tuning.jobs.create` body, plus our `humanline` and `spec` extensions."""
 
     model_config = ConfigDict(extra="forbid")

@@ -462,3 +462,27 @@ def test_event_levels_follow_the_events_our_code_writes(oai, db_sessions):
     assert {e.type for e in events} == {"message"}
     others = [e.level for e in events if e.level not in ("error", "warn")]
     assert others == ["info"] * 3  # created, validating → queued, queued → running
+
+
+@pytest.mark.parametrize(
+    "hyperparameters,field",
+    [
+        ({"n_epochs": True}, "method.supervised.hyperparameters.n_epochs"),
+        ({"batch_size": False}, "method.supervised.hyperparameters.batch_size"),
+        (
+            {"learning_rate_multiplier": float("inf")},
+            "method.supervised.hyperparameters.learning_rate_multiplier",
+        ),
+    ],
+)
+def test_booleans_and_non_finite_hyperparameters_are_422s(client, team_a, hyperparameters, field):
+    """Issue 37 #7: `true` is not 1 epoch, Infinity no multiplier (written as Python's json
+    writes them: the JSON has no such numbers)."""
+    body = {
+        "model": "tiny-llama", "training_file": "file-x",
+        "method": {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
+    }  # fmt: skip
+    headers = {**team_a.headers, "content-type": "application/json"}
+    r = client.post("/v1/fine_tuning/jobs", headers=headers, content=json.dumps(body))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"].startswith(field)  # a union names its branch after it
