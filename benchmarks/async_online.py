@@ -34,7 +34,7 @@ PROMPTS = REPO / "examples" / "data" / "arithmetic_train.jsonl"
 CORES = 2  # the machine CI and developers have; both arms get exactly these
 
 
-def spec_for(model: str, steps: int, mode: str, adapter: str, new_tokens: int):
+def spec_for(model: str, steps: int, mode: str, adapter: str, new_tokens: int, variant: str):
     from contract.spec import JobSpec
 
     return JobSpec.model_validate(
@@ -42,7 +42,7 @@ def spec_for(model: str, steps: int, mode: str, adapter: str, new_tokens: int):
             "base_model": model,
             "training_file": str(PROMPTS),
             "objective": "grpo",
-            "variant": "online",
+            "variant": variant,
             "batch_size": 16,  # 4 groups of 4
             "max_steps": steps,
             "max_length": 448,
@@ -63,13 +63,13 @@ def spec_for(model: str, steps: int, mode: str, adapter: str, new_tokens: int):
     )
 
 
-def run(model: str, steps: int, mode: str, adapter: str, new_tokens: int) -> dict:
+def run(model: str, steps: int, mode: str, adapter: str, new_tokens: int, variant: str) -> dict:
     import torch
 
     from trainer.train import Trainer
 
     torch.set_num_threads(CORES)  # the async trainer splits these with its sampler
-    spec = spec_for(model, steps, mode, adapter, new_tokens)
+    spec = spec_for(model, steps, mode, adapter, new_tokens, variant)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(spec, Path(tmp), progress=False)
         rows, marks = [], []
@@ -80,7 +80,13 @@ def run(model: str, steps: int, mode: str, adapter: str, new_tokens: int) -> dic
     torch.set_num_threads(CORES)
     steady = rows[1:]
     wall = marks[-1] - marks[0]
-    sample = sum(r.get("round/sample_time", 0) + r.get("round/score_time", 0) for r in steady)
+    # the sampler's whole time per round (async: sampling, scoring and π_old's forward)
+    sample = sum(
+        r.get(
+            "async/sampler_busy_time", r.get("round/sample_time", 0) + r.get("round/score_time", 0)
+        )
+        for r in steady
+    )
     wait = sum(r.get("async/wait_time", 0.0) for r in steady)
     publish = sum(r.get("async/publish_time", 0.0) for r in steady)
     step_time = sum(r["step_time"] for r in steady)
@@ -97,13 +103,15 @@ def run(model: str, steps: int, mode: str, adapter: str, new_tokens: int) -> dic
     }
 
 
-def compare(model: str, steps: int, adapter: str, new_tokens: int) -> dict:
-    sync = run(model, steps, "sync", adapter, new_tokens)
-    async_ = run(model, steps, "async", adapter, new_tokens)
+def compare(model: str, steps: int, adapter: str, new_tokens: int, variant: str) -> dict:
+    sync = run(model, steps, "sync", adapter, new_tokens, variant)
+    async_ = run(model, steps, "async", adapter, new_tokens, variant)
     ideal = max(async_["sample_s"], async_["train_s"])
     return {
         "model": model,
         "adapter": adapter,
+        "new_tokens": new_tokens,
+        "variant": variant,
         "steps": steps,
         "sync": sync,
         "async": async_,
@@ -115,24 +123,43 @@ def compare(model: str, steps: int, adapter: str, new_tokens: int) -> dict:
     }
 
 
-def main() -> None:
+def main() -> None:  # spawns the sampler process: only under the main guard
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny-llama only (< 60 s)")
     parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args()
-    steps = args.steps or (8 if args.quick else 12)
-    cases = [("tiny-llama", "lora", 24), ("tiny-llama", "full", 24)]
+    steps = args.steps or (16 if args.quick else 12)
+    # (model, adapter, new tokens, variant); the third samples 2 tokens a completion and
+    # trains humanline (one more forward a step): sampling is the faster side there, where
+    # the wait-share target applies
+    cases = [
+        ("tiny-llama", "lora", 24, "online"),
+        ("tiny-llama", "full", 24, "online"),
+        ("tiny-llama", "full", 2, "online+humanline"),
+    ]
     if not args.quick:
-        cases.append(("smollm2-135m-instruct", "full", 32))
-    results = [compare(m, steps, a, n) for m, a, n in cases]
+        cases.append(("smollm2-135m-instruct", "full", 32, "online"))
+    results = [compare(*case[:1], steps, *case[1:]) for case in cases]
     for r in results:
         print(
-            f"{r['model']:>24} {r['adapter']:>4}: async/sync {r['wall_ratio']:.2f}, overlap "
+            f"{r['model']:>21} {r['adapter']:>4} {r['new_tokens']:>2} tok {r['variant']:>16}: "
+            "async/sync "
+            f"{r['wall_ratio']:.2f}, overlap "
             f"{r['overlap_efficiency']:.2f}, wait {r['trainer_wait_share']:.1%}, publish "
             f"{r['publish_share']:.2%} (sync {r['sync']['wall_s']:.1f} s, async "
             f"{r['async']['wall_s']:.1f} s; sample {r['async']['sample_s']:.1f} s, train "
             f"{r['async']['train_s']:.1f} s; lags {r['async']['lags']})"
         )
+    faster = [r["trainer_wait_share"] for r in results if r["sampling_faster"]]
+    figures = {
+        # the wall-clock gain where sampling and training are of a size (the 2-token case is
+        # there for the wait share: its steps last ~0.1 s, too short to time against each other)
+        "wall_ratio": max(r["wall_ratio"] for r in results if r["new_tokens"] > 2),
+        "overlap_efficiency": max(r["overlap_efficiency"] for r in results),
+        "trainer_wait_share": max(faster) if faster else None,  # where sampling is faster
+        "publish_share_lora": max(r["publish_share"] for r in results if r["adapter"] == "lora"),
+        "publish_share_full": max(r["publish_share"] for r in results if r["adapter"] == "full"),
+    }
     targets = {
         "wall_ratio": 0.8,
         "overlap_efficiency": 1.1,
@@ -140,7 +167,8 @@ def main() -> None:
         "publish_share_lora": 0.05,
         "publish_share_full": 0.15,
     }
-    print(json.dumps({"cases": results, "targets": targets}))
+    met = {k: figures[k] is not None and figures[k] <= t for k, t in targets.items()}
+    print(json.dumps({"figures": figures, "targets": targets, "met": met, "cases": results}))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
 DEMO = REPO / ".humanline" / "demo"
 DATA = REPO / "examples" / "data" / "preferences_small.jsonl"
 EVAL_DATA = REPO / "examples" / "data" / "instruction_eval_demo.jsonl"
@@ -113,10 +114,16 @@ def session(client, model: str, steps: int, eval_items: int, t0: float) -> int:
     verdict = evaluate(client, jobs, eval_items)
     if verdict is None:
         return 1
+    from demo_async import async_part  # examples/: online GRPO, sync vs async + humanline
+
+    online = async_part(client, DEMO / "testbed")
+    if online is None:
+        return 1
     print(f"Objects (checkpoints, final models): {DEMO / 'objects'}")
     print(f"Run directories (metrics.jsonl, events.jsonl, data_quality.json): {DEMO / 'work'}")
     print(f"Database: {DEMO / 'humanline.db'}   wall-clock: {time.time() - t0:.0f} s")
     print(f"\nVerdict: {verdict.line()}")
+    print(f"Verdict: {online}")
     return 0
 
 

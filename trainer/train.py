@@ -166,6 +166,7 @@ class Trainer:
             max_rows=lambda: LOOKAHEAD_MICRO_BATCHES * self.memory_rows(),
         )
         self.humanline = spec.humanline_params if spec.humanline else None
+        self.reference_version = 0  # the policy version the reference holds (0: unknown)
         self._batches: dict[tuple[int, int], TokenBatch] = {}
         # One pass per shared prompt (trainer.tokenize.SharedPrefix) on the CPU, none on a GPU;
         # under FSDP every batch takes the same layout, so all ranks run the same forwards.
@@ -207,6 +208,7 @@ class Trainer:
             return  # the next step opens a new round, whose start resets the reference
         with self.accelerator.autocast():  # the reference sees the same precision as the policy
             self.reference.refresh(step, self.sync.reach(step, end))
+        self.reference_version = self.scheduler.last_epoch + 1  # the weights' (online_async)
 
     def _begin_round(self, step: int) -> dict[str, float]:
         """Online: sample the round that starts at `step`; its reference is the policy now."""
@@ -228,6 +230,7 @@ class Trainer:
             # the sampler (GRPO's π_old), never recomputed with the newer weights trained now
             assert isinstance(self.reference, Lookahead)  # every online reference looks ahead
             self.reference.install(step, data.round_rows(self.batch_for), data.behaviour())
+            self.reference_version = data.round.version if data.round else 0
         else:
             self._refresh_reference(step - 1)
         return stats
@@ -290,6 +293,7 @@ class Trainer:
         acc = self.accelerator
         t0 = time.perf_counter()
         round_stats = self._begin_round(step) if self.data.needs_round(step) else {}
+        reference_version = self.reference_version  # the one this step uses
         while True:
             try:
                 metrics, tokens, t_sync = self._update(step)
@@ -307,6 +311,7 @@ class Trainer:
         )
         if isinstance(self.data, AsyncOnlineData):
             metrics.update(self.data.shares(round_stats, elapsed))
+            metrics["async/reference_version"] = float(reference_version)
         return metrics
 
     def _update(self, step: int) -> tuple[dict[str, float], int, float]:

@@ -84,13 +84,27 @@ class StubClient:
         return Path(kw["to"])
 
 
+ONLINE = "online GRPO, 100 held-out sums: base 20.0% → ..."
+
+
+def _online_part(monkeypatch, line: str | None) -> list:
+    """examples/demo_async.async_part (trains real models for minutes) replaced: its calls."""
+    import demo_async
+
+    calls: list = []
+    monkeypatch.setattr(demo_async, "async_part", lambda *a: calls.append(a) or line)
+    return calls
+
+
 def test_the_demo_evaluates_both_models_and_ends_with_the_verdict(tmp_path, capsys, monkeypatch):
     demo = _load_demo()
     monkeypatch.setattr(demo, "DEMO", tmp_path)
+    online = _online_part(monkeypatch, ONLINE)
     client = StubClient()
     assert demo.session(client, "tiny-llama", 3, 4, 0.0) == 0
     out = capsys.readouterr().out
-    assert out.rstrip().splitlines()[-1] == VERDICT
+    assert out.rstrip().splitlines()[-2:] == [VERDICT, f"Verdict: {ONLINE}"]
+    assert online == [(client, tmp_path / "testbed")]
     assert "the two models' answers differ on 1 of 4 instructions" in out
     assert f"Comparison report (win rates, curves overlaid, cost, spec differences): " \
         f"{tmp_path / 'compare.html'}" in out  # fmt: skip
@@ -113,6 +127,7 @@ def test_the_demo_evaluates_both_models_and_ends_with_the_verdict(tmp_path, caps
 def test_the_demo_stops_when_an_evaluation_fails(tmp_path, capsys, monkeypatch):
     demo = _load_demo()
     monkeypatch.setattr(demo, "DEMO", tmp_path)
+    _online_part(monkeypatch, ONLINE)
     client = StubClient()
     failed = NS(status="failed", error={"message": "judge not configured"})
     client.evaluations.wait = lambda eval_id, **kw: failed

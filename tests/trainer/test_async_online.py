@@ -167,6 +167,13 @@ def test_async_equals_the_lagged_oracle(tmp_path, prompt_file, reward_model_dir,
         (a, sampling_version(a, lag)) for a in range(1, steps + 1, every)
     ]
     assert all(m["async/publish_time"] >= 0 for m in rows)
+    # the reference: the sampling version (plain online), else the trainer's own at the round's
+    # start (humanline, k 1: synced to the policy being trained)
+    humanline = spec.variant.endswith("humanline")
+    for m in rows:
+        first = 1 + (m["step"] - 1) // every * every
+        expected = first if humanline else sampling_version(first, lag)
+        assert m["async/reference_version"] == expected, m
     if spec.online.is_cap is not None:  # humanline's reference is not the sampler: weights ≠ 1
         assert all(m["is_weight/mean"] <= spec.online.is_cap for m in rows)
         assert any(abs(m["is_weight/mean"] - 1.0) > 1e-4 for m in rows[1:])

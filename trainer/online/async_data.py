@@ -72,8 +72,6 @@ class AsyncOnlineData(OnlineData):
             "async/version": float(new.version),
             "async/lag": float(step - new.version),
             "async/wait_time": wait,
-            "async/sampler_busy_time": float(new.stats.get("round/sample_time", 0.0))
-            + float(new.stats.get("round/score_time", 0.0)),
             "async/sampler_restarts": float(self.pipe.restarted if self.pipe else 0),
         }
 

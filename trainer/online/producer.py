@@ -107,7 +107,9 @@ class RoundProducer:
         )
         new.version = self.version
         new.cursor = self.data.cursor
-        return new, time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        new.stats["async/sampler_busy_time"] = seconds  # sampling, scoring and π_old's forward
+        return new, seconds
 
     def close(self) -> None:
         self.data.close()
