@@ -8,9 +8,9 @@ endpoint, signed as Standard Webhooks do, retried with exponential backoff.
 
 One sender per endpoint at a time (a lease on the endpoint row, renewed before every attempt,
 which ends by its deadline: worker.webhook_http), at most WEBHOOK_SENDERS_PER_TEAM senders per
-team (counted at claim time, the team's row locked), its oldest pending delivery first: a
-delivery waiting for its retry holds the later ones back, so a receiver sees one job's events
-in order. Before every attempt the endpoint must still exist and be enabled, its
+team (counted at claim time, the team's endpoint rows locked), its oldest pending delivery
+first: a delivery waiting for its retry holds the later ones back, so a receiver sees one job's
+events in order. Before every attempt the endpoint must still exist and be enabled, its
 team must still hold a live API key, and the URL's host must still resolve to an allowed
 address (the connection goes to the address checked: DNS rebinding gains nothing). Each
 attempt is a row of the delivery log; WEBHOOK_MAX_ATTEMPTS failed attempts fail the delivery,
@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.base import utcnow
 from models.settings import Settings
-from models.tables import ApiKey, Team
+from models.tables import ApiKey
 from models.webhook_urls import Resolver, resolve
 from models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from worker.webhook_http import USER_AGENT, send_once, sign, signed_headers
@@ -65,7 +65,8 @@ class Claim(Enum):
 
 def _claim(session: Session, endpoint_id: str, seconds: float, per_team: int) -> Claim:
     """Take the endpoint's lease, if free and if its team has fewer than `per_team` leases
-    (the team's row is locked meanwhile: concurrent claims of one team count one by one)."""
+    (the team's endpoints are locked meanwhile: concurrent claims of one team count one by
+    one)."""
     now = utcnow()
     team_id = session.scalar(
         select(WebhookEndpoint.team_id).where(WebhookEndpoint.id == endpoint_id)
@@ -73,7 +74,14 @@ def _claim(session: Session, endpoint_id: str, seconds: float, per_team: int) ->
     if team_id is None:
         session.commit()
         return Claim.HELD
-    session.execute(select(Team.id).where(Team.id == team_id).with_for_update())
+    # the team's endpoint rows, in one order (no deadlock), not the team's row: the scheduler's
+    # claims and the inserts of the team's jobs and files never wait for a webhook sender
+    session.execute(
+        select(WebhookEndpoint.id)
+        .where(WebhookEndpoint.team_id == team_id)
+        .order_by(WebhookEndpoint.id)
+        .with_for_update()
+    ).all()
     busy = session.scalar(
         select(func.count())
         .select_from(WebhookEndpoint)
