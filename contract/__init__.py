@@ -8,6 +8,7 @@ Torch-free (the API imports it); each decision below is made here, once.
     presets     the paper's two testbeds (instruction, math) as bundles of defaults
     parallel    `parallelism`: DDP or FSDP2 for a multi-process job
     sync        SyncPolicy: when the reference model moves
+    online_async  online.mode/lag: the async sampler's fixed-lag schedule and its refusals
     vllm        an online job's vLLM settings
     rewards     the reward sources a job may name (the code: trainer.rewards)
     graders     OpenAI's grader templates ({{item.x}}, {{sample.output_text}}) and string_check

@@ -74,6 +74,15 @@ class AsyncFields(BaseModel):
             return 0
         return 1 if self.lag is None else self.lag
 
+    def async_summary(self) -> dict[str, Any]:
+        """What the job object and the `started` event show: the resolved mode and lag, and
+        which log-probs the ratio compares with (the sampler's, unprocessed: logits ÷ the job's
+        log-prob temperature, never renormalised by top-p or top-k; docs/async.md)."""
+        out: dict[str, Any] = {"online_mode": self.mode, "online_lag": self.resolved_lag}
+        if self.is_async:
+            out["online_behaviour_logprobs"] = "sampler, unprocessed (no top-p/top-k)"
+        return out
+
     @property
     def is_async(self) -> bool:
         """Whether a sampler process runs beside the trainer (async with a lag > 0)."""

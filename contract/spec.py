@@ -456,11 +456,7 @@ class JobSpec(_Strict):
             "warmup_ratio": self.optim.warmup_ratio,
             "reference_sync": self.sync,
             "sync_every": self.humanline_params.sync_every,
-            **(
-                {"online_mode": self.online.mode, "online_lag": self.online.resolved_lag}
-                if self.online is not None
-                else {}
-            ),
+            **(self.online.async_summary() if self.online is not None else {}),
         }
 
 

@@ -7,7 +7,8 @@ and reports/ (statistics, the code version); the service never imports it: a wor
     train           the one training loop (accelerate): setup, resume, steps, checkpoints, export
     plan            the batch order, a pure function of the seed; rundata the run's examples
     memory          the memory a process has, the micro-batch it chooses, out-of-memory retries
-    stepmetrics     a step's metrics to the host in one copy
+    stepmetrics     a step's metrics to the host in one copy; stepwide what a step computes
+                    over its whole batch, whatever the split (KTO's z0, humanline's M)
     reference       the reference log-probs: lookahead (humanline sync), a frozen model, or
                     none (SFT)
     losses/         one loss per objective; humanline clipping/sampling applied once
@@ -16,7 +17,8 @@ and reports/ (statistics, the code version); the service never imports it: a wor
     sft_data        SFT conversations as one masked row; packed rows
     chunked_logps   log-probs from hidden states, a chunk of tokens at a time (no full logits)
     datastore       training examples' token ids, memory-mapped (files streamed, not held)
-    online/         online rounds: sample, score, keep pairs/groups (paper, Algorithm 1)
+    online/         online rounds: sample, score, keep pairs/groups (paper, Algorithm 1);
+                    async: a sampler process beside the trainer, lag steps behind
     sampling/       vLLM or transformers `generate` behind one interface
     rewards/        the registered reward sources (math-verify, format, a reward model, ...)
     modeling/       model sources, policy loading (full or LoRA), the exported model card

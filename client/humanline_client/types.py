@@ -9,10 +9,28 @@ it came from as `_request_id`.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, Optional, TypedDict, Union  # Python >= 3.9
+from typing import Any, Literal, Optional, Union  # Python >= 3.9
 
 from pydantic import BaseModel as _PydanticBaseModel
 from pydantic import ConfigDict, PrivateAttr
+
+from humanline_client.params import (  # the request shapes, re-exported
+    AdapterParams,
+    EvaluationKind,
+    EvaluationParams,
+    GenerationParams,
+    HumanlineParams,
+    JudgeParams,
+    Objective,
+    ObjectiveParams,
+    OnlineParams,
+    OpenAIJudgeParams,
+    OptimParams,
+    ParallelParams,
+    RewardModelJudgeParams,
+    RewardParams,
+    VLLMParams,
+)
 
 __all__ = [
     "EVALUATION_TERMINAL_STATUSES",
@@ -64,11 +82,9 @@ JobStatus = Literal[
 TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 FilePurpose = Literal["train", "eval"]
 FileStatus = Literal["uploaded", "processed", "error"]
-Objective = Literal["sft", "dpo", "kto", "grpo"]
 Variant = Literal["offline", "online", "offline+humanline", "online+humanline"]
 EvaluationStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 EVALUATION_TERMINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
-EvaluationKind = Literal["instruction", "math"]
 ReportFormat = Literal["json", "html"]
 CompareMetric = Literal[
     "lc_win_rate", "win_rate", "avg_length", "pass_at_1", "pass_at_n", "format_rate", "boxed_rate"
@@ -358,144 +374,3 @@ class Comparison(BaseModel):
     def row(self, job_id: str) -> Optional[ComparisonRow]:
         """The row of one job, or None."""
         return next((r for r in self.rows if r.job_id == job_id), None)
-
-
-# --- request parameter shapes (all keys optional; the server fills in the paper's defaults) --
-
-
-class ObjectiveParams(TypedDict, total=False):
-    name: Objective
-    packing: bool  # SFT: short examples share a row (no attention across them)
-    beta: float  # DPO, KTO
-    reference_free: bool  # DPO
-    lambda_d: float  # KTO
-    lambda_u: float  # KTO
-    beta_kl: float  # GRPO
-    epsilon: float  # GRPO
-
-
-class HumanlineParams(TypedDict, total=False):
-    log_eps_P: float
-    log_eps_R: float
-    sync_every: int
-    mode: Literal["clip", "sample"]
-    M_P: Union[float, Literal["batch_max"]]
-    M_R: Union[float, Literal["batch_max"]]
-    gamma_P: float
-    beta_P: float
-    gamma_R: float
-    beta_R: float
-
-
-class OptimParams(TypedDict, total=False):
-    lr: float
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    warmup_ratio: float
-    schedule: Literal["constant_with_warmup", "linear", "cosine", "constant"]
-    max_grad_norm: float
-
-
-class AdapterParams(TypedDict, total=False):
-    kind: Literal["none", "lora"]
-    r: int
-    alpha: float
-    dropout: float
-    target_modules: list[str]
-
-
-class RewardParams(TypedDict, total=False):
-    """One registered reward source of an online job: {"name": "math_accuracy", "weight": 8}."""
-
-    name: str
-    weight: float
-    options: dict[str, Any]
-
-
-class VLLMParams(TypedDict, total=False):
-    """The vLLM engine of online sampling (server defaults: the spec's lengths and precision)."""
-
-    max_model_len: Optional[int]
-    dtype: Literal["auto", "bfloat16", "float16", "float32"]
-    gpu_memory_utilization: float
-    kv_cache_gib: Optional[float]
-    sleep_between_rounds: bool
-    enforce_eager: bool
-
-
-class ParallelParams(TypedDict, total=False):
-    """How a multi-process job spreads: {"strategy": "fsdp"} shards it (FSDP2); several nodes:
-    {"nodes": 2, "processes_per_node": 8, "strategy": "fsdp", "hsdp": True}."""
-
-    strategy: Literal["ddp", "fsdp"]
-    reshard_after_forward: bool
-    nodes: int
-    processes_per_node: int
-    hsdp: bool
-
-
-class OnlineParams(TypedDict, total=False):
-    """Online sampling (variant "online" / "online+humanline"); unset keys take the paper's
-    defaults (rewards: tag_count 1, format 1, math_accuracy 8)."""
-
-    rewards: list[RewardParams]
-    num_samples: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    tau: float
-    sample_every: int
-    grpo_keep: Literal["all", "extremes"]
-    zero_variance_groups: Literal["drop", "keep"]
-    divide_logits_by_temperature: bool
-    engine: Literal["auto", "vllm", "hf"]
-    prompt_budget: float
-    vllm: VLLMParams
-    mode: Literal["sync", "async"]  # async: a sampler process beside the trainer
-    lag: int | None  # async: step t trains on samples of the policy of step max(1, t - lag)
-    is_cap: float | None  # async GRPO: truncated importance weight against the sampler
-    sampler_threads: int | None
-
-
-class OpenAIJudgeParams(TypedDict, total=False):
-    """An OpenAI-compatible endpoint the operator allows (EVAL_JUDGE_BASE_URLS); the server
-    uses its own API key for it."""
-
-    type: Literal["openai"]
-    base_url: str
-    model: str
-
-
-class RewardModelJudgeParams(TypedDict, total=False):
-    """A reward model by the name the operator configured (EVAL_REWARD_MODELS)."""
-
-    type: Literal["reward_model"]
-    model: str
-
-
-JudgeParams = Union[OpenAIJudgeParams, RewardModelJudgeParams]
-
-
-class GenerationParams(TypedDict, total=False):
-    """Sampling; unset keys take the kind's defaults (instruction: one greedy answer of up to
-    512 tokens; math: n=4 at temperature 0.7, top-p 0.95, 1024 tokens)."""
-
-    n: int  # math only
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int
-
-
-class EvaluationParams(TypedDict, total=False):
-    """An evaluation a job runs on its final model when it succeeds (`jobs.create(...,
-    evaluations=[{"file_id": ..., "kind": "math"}])`); the fields of `evaluations.create`."""
-
-    file_id: str
-    kind: EvaluationKind
-    judge: JudgeParams
-    generation: GenerationParams
-    prompt_template: str
-    system_prompt: str
-    max_items: int

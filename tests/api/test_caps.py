@@ -37,6 +37,7 @@ OVER = [
     ),
     ({**ONLINE, "online": {"max_new_tokens": 1_000_000}}, "online.max_new_tokens", 4096),
     ({**ONLINE, "online": {"prompt_budget": 1e9}}, "online.prompt_budget", 16.0),
+    ({**ONLINE, "online": {"mode": "async", "lag": 16}}, "online.lag", 4),
     ({**ONLINE, "online": {"vllm": {"max_model_len": 10**6}}}, "online.vllm.max_model_len", 16384),
     ({**ONLINE, "online": {"vllm": {"kv_cache_gib": 1e6}}}, "online.vllm.kv_cache_gib", 64.0),
     (
