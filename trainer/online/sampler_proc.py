@@ -136,7 +136,11 @@ class SamplerProcess:
         self.lag, self.every = spec.online.resolved_lag, spec.online.sample_every
         self.threads, self.timeout, self.restarts = threads, timeout, restarts
         self.rounds = (total + self.every - 1) // self.every
-        self.needed = {self.version_of(r): r for r in reversed(range(self.rounds))}  # first use
+        # version -> (the first, the last) round it samples
+        self.uses: dict[int, tuple[int, int]] = {}
+        for r in range(self.rounds):
+            v = self.version_of(r)
+            self.uses[v] = (self.uses.get(v, (r, r))[0], r)
         self.ring = [
             {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in initial.items()}
             for _ in range(self.lag + 1)
@@ -160,15 +164,14 @@ class SamplerProcess:
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> float:
         """Publish `version` (the weights before step `version`'s update) if a round still
         to be sampled needs it; the seconds it took."""
-        first = self.needed.get(version)
-        if first is None or first < self.next_round:
+        first, _ = self.uses.get(version, (-1, -1))
+        if first < self.next_round:  # no round still to come is sampled by it
             return 0.0
         t0 = time.perf_counter()
         slot = len(self.publications) % len(self.ring)
         held = self.slot_version[slot]
         if held is not None:  # every round sampled from it must have arrived (they have:
-            last = max(r for r in range(self.rounds) if self.version_of(r) == held)
-            self.wait_for(last)  # the trainer has trained them; this only asserts it)
+            self.wait_for(self.uses[held][1])  # the trainer has trained them: a formality)
         for k, v in state.items():
             self.ring[slot][k].copy_(v)
         self.slot_version[slot] = version
