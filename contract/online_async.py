@@ -96,8 +96,6 @@ def async_refusal(
         return "online", "online.is_cap weighs GRPO's surrogate; it needs objective grpo"
     if nodes > 1:
         return "parallelism", "online.mode 'async' runs on one node (one sampler process)"
-    if strategy != "ddp":
-        return "parallelism", "online.mode 'async' trains with strategy 'ddp' for now"
     return None
 
 

@@ -103,6 +103,7 @@ def test_async_online_jobs_are_admitted_with_their_resolved_lag(client, team_a, 
     assert "mode 'async'" in refused("online", online={"lag": 2})  # a lag needs async
     refused("online", objective="kto", online={"mode": "async"})
     refused("online.is_cap", online={"mode": "async", "is_cap": -1})
-    refused("parallelism", online={"mode": "async"}, parallelism={"strategy": "fsdp"})
+    two_nodes = {"nodes": 2, "processes_per_node": 1, "strategy": "fsdp"}
+    assert "one node" in refused("parallelism", online={"mode": "async"}, parallelism=two_nodes)
     settings.ONLINE_ASYNC = False
     assert "cannot place a sampler" in refused("online.mode", online={"mode": "async"})

@@ -367,16 +367,22 @@ def test_the_sampler_dies_with_its_trainer(tmp_path, prompt_file, reward_model_d
 
 
 @pytest.mark.slow
-def test_two_process_ddp_async_equals_the_lagged_oracle(tmp_path, prompt_file, reward_model_dir):
-    """DDP with 2 gloo processes: rank 0's sampler samples every round, the ranks train their
-    shares; equal to the oracle under the same DDP launch, bitwise."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_process_async_equals_the_lagged_oracle(
+    tmp_path, prompt_file, reward_model_dir, strategy
+):
+    """2 gloo processes: rank 0's sampler samples every round, the ranks train their shares
+    (FSDP2: the weights gathered whole, a tensor at a time, for each publication); equal to
+    the oracle under the same launch, bitwise."""
     import subprocess
     import sys
 
     from worker.launch import trainer_command
     from worker.routing import Placement, trainer_env
 
-    spec = spec_of(prompt_file, reward_model_dir, lag=1, batch_size=16)  # 2 groups per rank
+    spec = spec_of(  # 2 groups per rank
+        prompt_file, reward_model_dir, lag=1, batch_size=16, parallelism={"strategy": strategy}
+    )
     path = tmp_path / "spec.json"
     path.write_text(spec.model_dump_json())
     place = Placement(2, cpu=True)

@@ -25,10 +25,13 @@ from contract.online_async import (
     DEFAULT_SAMPLER_TIMEOUT,
     SAMPLER_RESTARTS_ENV,
     SAMPLER_TIMEOUT_ENV,
+    sampling_version,
 )
+from trainer.dtensors import _checkpoint_keys
 from trainer.modeling import trainable_state_dict
 from trainer.online.rounds import OnlineData, Round
 from trainer.online.sampler_proc import SamplerProcess
+from trainer.sampling.gathered import full_weights, is_sharded
 
 
 def split_threads(budget: int, asked: int | None) -> tuple[int, int]:
@@ -44,7 +47,11 @@ class AsyncOnlineData(OnlineData):
         super().__init__(*args, **kwargs)
         self.model_dir, self.lag = str(model_dir), self.cfg.resolved_lag
         self.workdir = str(Path(kwargs.get("directory") or ".") / "sampler")
-        self.pipe: Any = None
+        self.pipe: Any = None  # rank 0's sampler
+        self.started = False  # whether the sampler was started (every rank knows)
+        every, total = self.cfg.sample_every, self.total
+        # the versions that sample some round: the only ones published
+        self.uses = {sampling_version(1 + r * every, self.lag) for r in range(-(-total // every))}
         self.pending: dict[int, Round] = {}  # rounds sampled before a checkpoint, not yet trained
         self.trainer_threads = torch.get_num_threads()
         self.sampler_threads = 1
@@ -61,9 +68,9 @@ class AsyncOnlineData(OnlineData):
         t0 = time.perf_counter()
         if r in self.pending:  # every rank loaded them from the checkpoint
             new = self.pending.pop(r)
-        else:  # one sampler per job, on rank 0; DDP's other ranks get its rounds
-            mine = self._pipe(step, policy).take(r) if self.acc.is_main_process else None
-            new = self._shared(mine)
+        else:  # one sampler per job, on rank 0; the other ranks get its rounds
+            pipe = self._pipe(step, policy)
+            new = self._shared(pipe.take(r) if pipe is not None else None)
         wait = time.perf_counter() - t0
         self.round = new
         self._plan(new)
@@ -102,10 +109,30 @@ class AsyncOnlineData(OnlineData):
     def after_step(self, step: int, policy: torch.nn.Module) -> dict[str, float]:
         """Publish version step + 1 (the weights after update `step`) to the sampler."""
         self.trained = step
-        if not self.acc.is_main_process:  # DDP: rank 0's weights are every rank's
+        version = step + 1
+        pipe = self._pipe(version, policy)
+        if version not in self.uses:  # no round is sampled by it: nothing to gather or send
+            return {"async/publish_time": 0.0}
+        t0 = time.perf_counter()
+        state = self._weights(policy)  # a collective under FSDP2: every rank, every time
+        if pipe is None:
             return {}
-        pipe = self._pipe(step + 1, policy)
-        return {"async/publish_time": pipe.publish(step + 1, trainable_state_dict(policy, False))}
+        pipe.publish(version, state)
+        return {"async/publish_time": time.perf_counter() - t0}
+
+    def _weights(self, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The trainable weights, whole, under trainable_state_dict's names, on rank 0 (empty
+        elsewhere). DDP: rank 0's own (every rank holds the same). FSDP2: gathered one tensor
+        at a time (trainer.sampling.gathered), a collective every rank joins."""
+        main = self.acc.is_main_process
+        if not is_sharded(policy):
+            return trainable_state_dict(policy, False) if main else {}
+        names = _checkpoint_keys(policy)
+        out = {}
+        for key, full in full_weights(policy, list(names)):
+            if main:
+                out[names[key]] = full.detach().to("cpu", copy=True)
+        return out
 
     def _shared(self, new: Round | None) -> Round:
         """Rank 0's round, on every rank."""
@@ -118,8 +145,13 @@ class AsyncOnlineData(OnlineData):
         return box[0]
 
     def _pipe(self, version: int, policy: torch.nn.Module):
-        """The sampler, started on first use with `version` (the policy's weights now)."""
-        if self.pipe is None:
+        """The sampler on rank 0 (None on the others), started on first use with `version`
+        (the policy's weights now; gathered by every rank under FSDP2)."""
+        if not self.started:
+            self.started = True
+            initial = self._weights(policy)
+            if not self.acc.is_main_process:
+                return None
             held = [self.round, *self.pending.values()]
             last = max((r for r in held if r is not None), key=lambda r: r.index, default=None)
             self.pipe = self.pipeline(
@@ -127,7 +159,7 @@ class AsyncOnlineData(OnlineData):
                 self.model_dir,
                 self.total,
                 self.workdir,
-                trainable_state_dict(policy, False),
+                initial,
                 version=version,
                 first_round=last.index + 1 if last is not None else 0,
                 cursor=last.cursor if last is not None else self.cursor,

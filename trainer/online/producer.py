@@ -58,8 +58,9 @@ def behaviour_logps(
 class RoundProducer:
     """Samples round after round of one job with a model it owns (load_version sets its
     weights), through the job's engine: transformers `generate` on that model, or vLLM loaded
-    from it (trainer.sampling). The behaviour log-probs always come from the model itself. The prompt cursor is the only state: rounds come out in order, and a producer
-    started at (round, cursor) gives what an uninterrupted one gives from there."""
+    from it (trainer.sampling). The behaviour log-probs always come from the model itself.
+    The prompt cursor is the only state: rounds come out in order, and a producer started at
+    (round, cursor) gives what an uninterrupted one gives from there."""
 
     def __init__(self, spec: JobSpec, model_dir: str | Path, total: int, workdir: str | Path):
         assert spec.online is not None
