@@ -11,7 +11,8 @@ Arms (docs/replication.md, pre-registered rules): online (``sample_every: 1``), 
 (``sample_every: S``, S × the data every S steps: same total), stale-S+humanline (k from the
 ``math`` preset, 12), optionally a k sweep at the largest S. The defaults are the confirmatory
 study (issue 35): online, stale-32, stale-32+humanline; seeds 10-25; the final checkpoint only;
-a 45-minute time box; the pinned base (testbed_env). Studies 1-2 were
+a 45-minute time box; the pinned base (testbed_env). `--lags L …` adds async arms (a sampler
+process beside the trainer, L steps behind: async-L, async-L+humanline). Studies 1-2 were
 ``--stales 8 32 --k-sweep 4 24 --seeds 0 1 2 3 4 --eval-points 4 --deadline 0 --unpinned``.
 
     python benchmarks/testbed.py build     # task files, random model, SFT base checkpoint
@@ -66,6 +67,7 @@ class Setup:
     lr: float = 2e-4
     max_new_tokens: int = 6
     stales: tuple[int, ...] = (32,)
+    lags: tuple[int, ...] = ()  # `--lags`: async arms (online.mode async at lag L, ± humanline)
     k_sweep: tuple[int, ...] = ()
     seeds: list[int] = field(default_factory=lambda: list(range(10, 26)))
     eval_points: int = 1  # checkpoints evaluated along the way (the final one included)
@@ -91,11 +93,19 @@ def arms(setup: Setup) -> dict[str, tuple[int, int | None]]:
         out[f"stale-{s}+humanline"] = (s, MATH_PRESET_K)
     for k in setup.k_sweep:
         out[f"stale-{max(setup.stales)}+humanline-k{k}"] = (max(setup.stales), k)
+    for lag in setup.lags:  # the paper's question in its product form: quality held at lag L?
+        out[f"async-{lag}"] = (1, None)
+        out[f"async-{lag}+humanline"] = (1, MATH_PRESET_K)
     if setup.arm_names is not None:
         if unknown := set(setup.arm_names) - set(out):
             raise SystemExit(f"--arms: unknown {sorted(unknown)}; known {sorted(out)}")
         out = {a: v for a, v in out.items() if a in setup.arm_names}
     return out
+
+
+def lag_of(arm: str) -> int | None:
+    """An async arm's lag (`async-L`, `async-L+humanline`), else None."""
+    return int(arm.split("-")[1].split("+")[0]) if arm.startswith("async-") else None
 
 
 def sft_spec(setup: Setup, model: Path, file_id: str) -> dict[str, Any]:
@@ -108,7 +118,8 @@ def sft_spec(setup: Setup, model: Path, file_id: str) -> dict[str, Any]:
 
 def grpo_spec(setup: Setup, arm: str, seed: int, base: Path, file_id: str) -> dict[str, Any]:
     every, k = arms(setup)[arm]
-    return {
+    lag = lag_of(arm)
+    spec: dict[str, Any] = {
         "base_model": str(base),
         "training_file": file_id,
         "objective": {"name": "grpo"},
@@ -129,6 +140,9 @@ def grpo_spec(setup: Setup, arm: str, seed: int, base: Path, file_id: str) -> di
                    "rewards": [{"name": "math_accuracy", "weight": 1.0}],
                    "zero_variance_groups": "keep"},
     }  # fmt: skip
+    if lag is not None:  # a sampler process beside the trainer, `lag` steps behind
+        spec["online"] |= {"mode": "async", "lag": lag}
+    return spec
 
 
 def eval_request(setup: Setup, eval_id: str) -> dict[str, Any]:
@@ -308,6 +322,7 @@ def run(
         # 141 small evaluations: forked from a warm process, not a fresh interpreter each
         # (worker.warm: ~6 s of imports less each, the same results)
         "EVAL_WARM_START": "1",
+        "CAP_ONLINE_LAG": "16",  # async arms may ask more than the default cap of 4
         **tenv.PIN_ENV,  # one base everywhere: the same kernels and threads on every CPU
     }
     deadline = t0 + 60 * setup.deadline_min if setup.deadline_min else None
@@ -361,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", nargs="+", help="a subset of the arms (e.g. online stale-32 …)")
     ap.add_argument("--stales", type=int, nargs="+", help="the stale S values (default 32)")
     ap.add_argument("--k-sweep", type=int, nargs="*", help="humanline k values at the largest S")
+    ap.add_argument("--lags", type=int, nargs="*", help="async arms: online.mode async at lag "
+                    "L, plain and humanline (async-L, async-L+humanline)")  # fmt: skip
     ap.add_argument("--deadline", type=float, help="time box in minutes: analyse the seeds "
                     "whose arms all completed by then")  # fmt: skip
     ap.add_argument("--unpinned", action="store_true", help="accept a base whose sha256 is "
@@ -374,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         setup.stales = tuple(args.stales)
     if args.k_sweep is not None:
         setup.k_sweep = tuple(args.k_sweep)
+    if args.lags is not None:
+        setup.lags = tuple(args.lags)
     setup.arm_names = tuple(args.arms) if args.arms else None
     if args.deadline is not None:
         setup.deadline_min = args.deadline or None

@@ -40,7 +40,7 @@ def async_part(client: Any, root: Path) -> str | None:
     import testbed as tb
     from replicate import pass_at_1
 
-    setup = replace(tb.Setup(), steps=STEPS, eval_size=100, seeds=[0])
+    setup = replace(tb.Setup(), steps=STEPS, eval_size=100, seeds=[0], lags=(LAG,))
     print(
         f"\nOnline GRPO on the testbed's sums ({setup.digits[0]}-digit + {setup.digits[1]}-digit):"
         " an SFT base first (a product job), then sync online vs async + humanline"
@@ -48,13 +48,12 @@ def async_part(client: Any, root: Path) -> str | None:
     base, ids, before = tb.build(setup, root, client)
     request = tb.eval_request(setup, ids["heldout"])
     arms = []
-    for name, mode in (("sync online", None), (f"async+humanline lag {LAG}", LAG)):
-        spec = tb.grpo_spec(setup, "online", 0, base, ids["grpo"])
+    for name, arm in (
+        ("sync online", "online"),
+        (f"async+humanline lag {LAG}", f"async-{LAG}+humanline"),
+    ):
+        spec = tb.grpo_spec(setup, arm, 0, base, ids["grpo"])  # the testbed's own arms
         spec["metadata"] = {"demo": "async", "arm": name}
-        spec["checkpoint_every"] = STEPS
-        if mode is not None:
-            spec["humanline"] = True
-            spec["online"] |= {"mode": "async", "lag": mode}
         job = client.jobs.create(**spec)
         done = client.jobs.wait(job.id, timeout=1800)
         print(f"  {name}: job {job.id} {done.status}" + (f" ({done.error})" if done.error else ""))
@@ -71,4 +70,3 @@ def async_part(client: Any, root: Path) -> str | None:
         f"{sync.accuracy:.1%} in {sync.seconds:.0f} s, {lagged.name} {lagged.accuracy:.1%} in "
         f"{lagged.seconds:.0f} s ({lagged.seconds / sync.seconds:.2f}× the wall-clock)"
     )
-

@@ -214,6 +214,21 @@ def test_arms_flag_selects_and_rejects_unknown():
         testbed.arms(testbed.Setup(arm_names=("stale-7",)))
 
 
+def test_lags_add_async_arms_the_service_admits():
+    """`--lags 4`: async-4 (plain) and async-4+humanline (k 12), each a valid async job spec."""
+    from contract.spec import JobSpec
+
+    setup = testbed.Setup(lags=(4,))
+    names = testbed.arms(setup)
+    assert names["async-4"] == (1, None) and names["async-4+humanline"] == (1, 12)
+    for arm, humanline in (("async-4", False), ("async-4+humanline", True)):
+        spec = JobSpec.model_validate(testbed.grpo_spec(setup, arm, 10, Path("/m"), "f.jsonl"))
+        assert spec.online.mode == "async" and spec.online.resolved_lag == 4
+        assert spec.online.sample_every == 1 and spec.humanline is humanline
+    online = JobSpec.model_validate(testbed.grpo_spec(setup, "online", 10, Path("/m"), "f.jsonl"))
+    assert online.online.mode == "sync"
+
+
 class _Fake:
     """Just enough of the SDK for collect(): one eval file, the study's jobs, a base eval."""
 
