@@ -1,4 +1,4 @@
-"""`humanline evals`: create, list, show, wait, report."""
+"""`humanline evals`: create, list, show, wait, report, export."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from ._output import (
     _load_spec,
     _metric,
     _out,
+    _print_json,
     _report,
     _require,
     _rows_table,
@@ -246,3 +247,36 @@ def _show_eval_report(report: EvaluationReport) -> None:
     rows = [[name, _metric(value)] for name, value in report.metrics.items()]
     out.print(_table(["METRIC", "VALUE"], rows))
     out.print(f"{len(report.items)} items (--json or -o FILE for each one)", markup=False)
+
+
+@_command(evals_app, "export")
+def evals_export(
+    eval_id: str,
+    format: Annotated[
+        str, typer.Option("--format", help="alpaca_eval (instruction) or lighteval (math).")
+    ],
+    part: Annotated[
+        str,
+        typer.Option(help="alpaca_eval: all, model_outputs (model_outputs.json) or leaderboard."),
+    ] = "all",
+    name: Annotated[
+        Optional[str], typer.Option(help="The generator's name (default: job[@step-N]).")
+    ] = None,
+    task: Annotated[
+        Optional[str], typer.Option(help="lighteval: the task name (default math_500).")
+    ] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("-o", "--output", help="Save it to this file.")
+    ] = None,
+) -> None:
+    """A succeeded evaluation in AlpacaEval's or lighteval's format, with its judge,
+    baseline, decoding parameters and truncated answers; printed, or saved with -o."""
+    result = _client().evaluations.export(
+        eval_id, format=format, part=part, name=name, task=task, to=output
+    )
+    if output is not None:
+        _err().print(f"wrote {output}", markup=False)
+    elif isinstance(result, str):
+        typer.echo(result, nl=False)
+    else:
+        _print_json(result)

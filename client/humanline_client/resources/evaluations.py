@@ -1,4 +1,4 @@
-"""`client.evaluations`: create, list, retrieve, report, wait.
+"""`client.evaluations`: create, list, retrieve, report, export, wait.
 
 An evaluation runs a job's final model, one of its checkpoints (`step`), or a base model on
 an eval file (uploaded with purpose "eval"): instruction following judged pairwise against
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .._exceptions import EvaluationWaitTimeout
@@ -18,6 +19,7 @@ from .._resource import (
     APIResource,
     AsyncAPIResource,
     Listing,
+    PathLike,
     SyncAPIResource,
     path_id,
 )
@@ -107,6 +109,35 @@ class _Evaluations(APIResource):
             (`format="html"`), or with `to=` streamed into that file and its Path returned.
             ConflictError until the evaluation has succeeded.""",
         )
+
+    @endpoint
+    def export(
+        self,
+        evaluation_id: str,
+        *,
+        format: str,
+        part: str = "all",
+        name: Optional[str] = None,
+        task: Optional[str] = None,
+        to: Optional[PathLike] = None,
+    ) -> Steps[Any]:
+        """A succeeded evaluation in the field's formats, with its judge, baseline, decoding
+        parameters and truncated answers (`provenance`). `format="alpaca_eval"` (instruction
+        evaluations): `part="all"` a dict (model_outputs, leaderboard, provenance),
+        `"model_outputs"` the list AlpacaEval's --model_outputs reads, `"leaderboard"` its
+        leaderboard.csv (a str). `format="lighteval"` (math): lighteval's results file (a
+        dict), the metrics under results["humanline|{task}|0"] (`task` default math_500).
+        `name` names the generator; with `to=` the response is written to that file and its
+        Path returned. ConflictError until it has succeeded, or for the other kind."""
+        params = {"format": format, "part": part}
+        params.update({k: v for k, v in (("name", name), ("task", task)) if v is not None})
+        path = f"/v1/evaluations/{path_id(evaluation_id, 'evaluation')}/export"
+        opts = RequestOptions("GET", path, params=params)
+        if to is not None:
+            written = yield from self._download(opts, to)
+            return Path(written) if isinstance(written, Path) else written
+        response = yield from self._client._request_steps(opts)
+        return response.text if part == "leaderboard" else response.json()
 
     @endpoint
     def wait(
