@@ -43,9 +43,14 @@ def main() -> int:
 
     t0 = time.time()
     judge_dir = DEMO / "judge"
-    service = EmbeddedService(
-        DEMO, team="demo", fresh=not args.keep, env={"EVAL_REWARD_MODELS": f"{JUDGE}={judge_dir}"}
-    )
+    testbed = DEMO / "testbed"  # the online part's task and models (examples/demo_async.py)
+    env = {
+        "EVAL_REWARD_MODELS": f"{JUDGE}={judge_dir}",
+        # the operator mounts the testbed's model directories (users never name a path)
+        "ALLOWED_BASE_MODELS": f"{args.model},{JUDGE_BASE},{testbed / 'init'},{testbed / 'base'}",
+        "EVAL_WARM_START": "1",  # five small evaluations: forked warm, not started cold each
+    }
+    service = EmbeddedService(DEMO, team="demo", fresh=not args.keep, env=env)
     fit_judge(judge_dir)
     with service:
         print(f"API on {service.base_url} (SQLite, local store, in-process worker under {DEMO})")
@@ -116,7 +121,7 @@ def session(client, model: str, steps: int, eval_items: int, t0: float) -> int:
         return 1
     from demo_async import async_part  # examples/: online GRPO, sync vs async + humanline
 
-    online = async_part(client, DEMO / "testbed")
+    online = async_part(client, DEMO / "testbed")  # the directory the service allows
     if online is None:
         return 1
     print(f"Objects (checkpoints, final models): {DEMO / 'objects'}")

@@ -16,6 +16,7 @@ the verdict line gives the accuracy before and after and each run's wall-clock.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 LAG = 4  # async: samples up to 4 steps stale (humanline's tolerance; 1 is enough to overlap)
-STEPS = 64
+STEPS = 96
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Arm:
 def async_part(client: Any, root: Path) -> str | None:
     """Build the base, train both arms, evaluate; the verdict line (None on a failure)."""
     import testbed as tb
+    import testbed_env as tenv
     from replicate import pass_at_1
 
     setup = replace(tb.Setup(), steps=STEPS, eval_size=100, seeds=[0], lags=(LAG,))
@@ -45,7 +47,12 @@ def async_part(client: Any, root: Path) -> str | None:
         f"\nOnline GRPO on the testbed's sums ({setup.digits[0]}-digit + {setup.digits[1]}-digit):"
         " an SFT base first (a product job), then sync online vs async + humanline"
     )
+    root.mkdir(parents=True, exist_ok=True)
+    # the testbed's recipe: the base built with pinned kernels and one thread (the base is
+    # sensitive to both: docs/replication.md), the GRPO jobs with two threads
+    os.environ.update(tenv.PIN_ENV)  # inherited by the jobs the in-process worker starts
     base, ids, before = tb.build(setup, root, client)
+    os.environ.update(tenv.ARM_ENV)
     request = tb.eval_request(setup, ids["heldout"])
     arms = []
     for name, arm in (
