@@ -26,6 +26,7 @@ server path, hostname or pid in what a team reads), celery_app + tasks (Celery),
 (BROKER_URL=memory://: a thread in the API process), multinode (a multi-node attempt: its
 spec in the store, the ranks' argv), reconcile + reconcile_tick (multi-node jobs: launched by
 run_job, followed by the beat task reconcile_jobs; reconcile_context what both share,
-reconcile_watch an attempt's clocks: start deadline, hang, admission, submit backoff). No torch is imported here: training
-and evaluation always run in a child process (warm's fork server imports it, not the worker).
+reconcile_watch an attempt's clocks: start deadline, hang, admission, submit backoff). No
+torch is imported here: training and evaluation always run in a child process (warm's fork
+server imports it, not the worker).
 """
