@@ -235,3 +235,18 @@ def test_the_cli_uses_the_sdks_timeout_unless_given_one():
     finally:
         default.close()
         given.close()
+
+
+def test_jobs_create_sets_async_online_fields(cli, tmp_path):
+    """online.mode / online.lag through --set: the job shows the resolved values."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n"
+                               for i in range(4)))  # fmt: skip
+    created = json.loads(
+        cli(
+            "jobs", "create", "--objective", "grpo", "--variant", "online", "--model",
+            "tiny-llama", "--file", str(prompts), "--max-steps", "4",
+            "--set", "online.mode=async", "--set", "online.lag=2", "--json",
+        ).stdout
+    )  # fmt: skip
+    assert (created["spec"]["online"]["mode"], created["spec"]["online"]["lag"]) == ("async", 2)
