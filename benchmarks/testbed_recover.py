@@ -121,7 +121,14 @@ STUDY_2B = {
 }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick", action="store_true", help="the same recovery (git history: seconds either way)"
+    )
+    ap.parse_args(argv)
     out_dir = REPO / "docs" / "testbed"
     out_dir.mkdir(parents=True, exist_ok=True)
     versions = report_versions()

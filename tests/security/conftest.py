@@ -100,7 +100,8 @@ def world(app, client, team_a, db_sessions, store, tmp_path) -> World:
     assert r.status_code == 201, r.text
     evaluation = r.json()["id"]
     key = report_key(team_a.id, evaluation, f"{evaluation}.json")
-    store.put_bytes(key, json.dumps({"items": [MARKER]}).encode())
+    doc = {"kind": "math", "items": [{"index": 0, "problem": MARKER, "samples": []}]}
+    store.put_bytes(key, json.dumps(doc).encode())
     with db_sessions() as s:
         s.execute(
             update(Evaluation)
@@ -135,6 +136,7 @@ def every_route(w: World) -> list[tuple[str, str, dict | None, dict | None]]:
         ("GET", f"/v1/jobs/{j}/report", {"format": "html"}, None),
         ("GET", f"/v1/evaluations/{e}", None, None),
         ("GET", f"/v1/evaluations/{e}/report", None, None),
+        ("GET", f"/v1/evaluations/{e}/export", {"format": "lighteval"}, None),  # a math one
         ("GET", "/v1/reports/compare", {"jobs": j}, None),
         ("GET", "/v1/reports/compare", {"jobs": f"{j},{j}"}, None),
         ("GET", f"/v1/fine_tuning/jobs/{j}", None, None),
