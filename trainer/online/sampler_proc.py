@@ -150,7 +150,6 @@ class SamplerProcess:
         self.received: dict[int, Round] = {}
         self.next_round, self.cursor = first_round, cursor  # the first round not yet received
         self.restarted, self.last_error = 0, ""
-        self.busy = 0.0  # seconds the sampler spent producing the rounds received
         self.proc: Any = None
         self.publish(version, initial)
         self._start()
@@ -208,7 +207,6 @@ class SamplerProcess:
                 sent = new.behaviour or {}
                 new.behaviour = {row: torch.from_numpy(v) for row, v in sent.items()}
                 self.received[message[1]] = new
-                self.busy += message[3]
                 self.next_round, self.cursor = message[1] + 1, new.cursor
             elif kind == "error":
                 self._restart(f"the sampler failed:\n{message[1]}")
